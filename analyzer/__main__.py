@@ -1,0 +1,3 @@
+from hybridtrace.cli import main
+
+main()

@@ -1,0 +1,240 @@
+"""The ``hybridtrace`` command line: options in, a library call, shared output out.
+
+Every command turns its options into arguments of a library function and prints the
+result through ``hybridtrace.output``. Errors a user can fix print one line on stderr
+and exit 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from hybridtrace import __version__
+from hybridtrace.errors import HybridtraceError, UsageError
+from hybridtrace.model import (
+    DEFAULT_MODEL,
+    SizingOptions,
+    builtin_names,
+    crossover_tokens,
+    geometry_from_config,
+    load_config,
+    raw_byte_model,
+    size_model,
+    worksheet,
+)
+from hybridtrace.output import OutputFormat, to_json, to_pairs, to_table
+from hybridtrace.units import (
+    format_bytes,
+    format_duration,
+    format_rate,
+    parse_bytes,
+    parse_duration,
+    parse_int_list,
+    parse_rate,
+)
+
+app = typer.Typer(
+    name="hybridtrace",
+    help="Byte accounting for hybrid-model KV and state transfers in disaggregated vLLM + NIXL serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hybridtrace {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    _state["debug"] = debug or bool(os.environ.get("HYBRIDTRACE_DEBUG"))
+
+
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+
+
+@app.command("model")
+def model_command(
+    config: Annotated[
+        str | None,
+        typer.Argument(
+            help=f"A config.json, a folder holding one, or a built-in model ({', '.join(builtin_names())}).",
+            show_default=False,
+        ),
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size; figures are per rank.")] = 1,
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto, bfloat16, float16, float32, fp8.")] = "auto",
+    mamba_dtype: Annotated[
+        str, typer.Option(help="Conv state dtype (and SSM state unless --ssm-dtype is given).")
+    ] = "auto",
+    ssm_dtype: Annotated[str, typer.Option(help="SSM (temporal) state dtype.")] = "auto",
+    mamba_cache_mode: Annotated[
+        str, typer.Option(help="none | align | all (all = Mamba prefix caching).")
+    ] = "none",
+    block_align: Annotated[int, typer.Option(help="Attention kernel block multiple.")] = 16,
+    num_spec_tokens: Annotated[int, typer.Option(help="Speculative tokens (widen the conv state).")] = 0,
+    missing_tokens: Annotated[
+        str, typer.Option(help="Missing-prefix lengths for the worksheet, comma-separated.")
+    ] = "512,4096,32768",
+    state_blocks: Annotated[int, typer.Option(help="J: state snapshots the decoder pulls.")] = 1,
+    bandwidth: Annotated[str, typer.Option(help="Effective link bandwidth (not the peak label).")] = "20GB/s",
+    fixed_cost: Annotated[str, typer.Option(help="Fixed post + completion cost per transfer.")] = "80us",
+    attention_bytes_per_token: Annotated[
+        str | None, typer.Option(help="Raw mode: B per rank, e.g. 4KiB (no config needed).")
+    ] = None,
+    state_bytes: Annotated[str | None, typer.Option(help="Raw mode: S per rank, e.g. 2.57MiB.")] = None,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """The byte model of one model per TP rank, and the transfer worksheet."""
+    tokens = parse_int_list(missing_tokens)
+    if state_blocks < 0:
+        raise UsageError("--state-blocks cannot be negative")
+    rate = parse_rate(bandwidth)
+    fixed = parse_duration(fixed_cost)
+    raw = attention_bytes_per_token is not None or state_bytes is not None
+    if raw and config is not None:
+        raise UsageError("give either a config or --attention-bytes-per-token/--state-bytes, not both")
+    if raw:
+        model = raw_byte_model(
+            parse_bytes(attention_bytes_per_token or 0), parse_bytes(state_bytes or 0), tp_size=tp
+        )
+    else:
+        options = SizingOptions(
+            tp_size=tp,
+            kv_dtype=kv_dtype,
+            mamba_dtype=mamba_dtype,
+            ssm_dtype=ssm_dtype,
+            mamba_cache_mode=mamba_cache_mode,
+            block_align=block_align,
+            num_spec_tokens=num_spec_tokens,
+        )
+        cfg, name = load_config(config or DEFAULT_MODEL)
+        model = size_model(geometry_from_config(cfg, name), options)
+    rows = worksheet(model, tokens, state_blocks, rate, fixed)
+    crossover = crossover_tokens(model, state_blocks)
+    result = model.as_dict()
+    result["crossover_tokens"] = round(crossover, 2) if crossover is not None else None
+    result["state_blocks"] = state_blocks
+    result["bandwidth_bytes_per_s"] = rate
+    result["fixed_cost_s"] = fixed
+    result["worksheet"] = [r.as_dict() for r in rows]
+    if fmt is OutputFormat.json:
+        typer.echo(to_json(result))
+    elif fmt is OutputFormat.csv:
+        from hybridtrace.output import to_csv
+
+        typer.echo(to_csv(result["worksheet"]).rstrip("\n"))
+    else:
+        typer.echo(_model_table(result))
+
+
+def _model_table(m: dict) -> str:
+    pairs: list[tuple[str, str]] = []
+    if m["source"] == "raw":
+        pairs.append(("model", "raw figures (no config)"))
+    else:
+        pairs.append(("model", f"{m['model']} ({m['architecture']})"))
+    pairs.append(("tensor parallel", f"TP {m['tp_size']}; every figure is per rank"))
+    if m["source"] == "config":
+        dt = []
+        if m["kv_cache_dtype"]:
+            dt.append(f"kv {m['kv_cache_dtype']}")
+        if m["mamba_cache_dtype"]:
+            dt.append(f"conv {m['mamba_cache_dtype']}, ssm {m['mamba_ssm_cache_dtype']}")
+        pairs.append(("dtypes", ", ".join(dt)))
+        kind = f" ({m['recurrent_kind']})" if m["recurrent_kind"] else ""
+        pairs.append(("layers", f"{m['attention_layers']} attention, {m['recurrent_layers']} recurrent{kind}"))
+    b = m["attention_bytes_per_token"]
+    b_line = f"{b:,} B/token ({format_bytes(b)})"
+    if m.get("attention_bytes_per_token_per_layer"):
+        b_line += (
+            f" = {m['attention_layers']} layers x {m['attention_bytes_per_token_per_layer']:,} B"
+            f" ({m['kv_heads_per_rank']} KV heads x head {m['head_size']})"
+        )
+    pairs.append(("B attention", b_line))
+    s = m["state_bytes"]
+    s_line = f"{s:,} B ({format_bytes(s)})"
+    if m.get("conv_bytes") is not None and m.get("recurrent_layers"):
+        s_line += f" = conv {m['conv_bytes']:,} + ssm {m['ssm_bytes']:,}"
+        s_line += f"; per layer {m['mamba_page_bytes']:,} B ({format_bytes(m['mamba_page_bytes'])})"
+    pairs.append(("S state/snapshot", s_line))
+    if m["block_tokens"]:
+        blk = f"{m['block_tokens']} tokens"
+        if m.get("attention_page_bytes"):
+            blk += f"; attention page {m['attention_page_bytes']:,} B per layer"
+        pairs.append(("block", blk))
+    if m["mamba_padding_pct"] is not None:
+        pairs.append(
+            (
+                "mamba padding",
+                f"{m['mamba_padding_pct']:.2f}% (page {m['mamba_page_bytes']:,} B padded to "
+                f"{m['mamba_padded_page_bytes']:,} B)",
+            )
+        )
+    groups = m.get("kv_cache_groups")
+    if groups:
+        pairs.append(
+            (
+                "kv-cache groups",
+                f"{groups['group_size']} layers each: {groups['attention_groups']} attention, "
+                f"{groups['recurrent_groups']} recurrent, {groups['padding_layers']} padding layers",
+            )
+        )
+    cross = m["crossover_tokens"]
+    pairs.append(
+        (
+            "crossover",
+            f"{cross:,.2f} tokens (S·J/B, J={m['state_blocks']})" if cross is not None else "none (B or S is 0)",
+        )
+    )
+    pairs.append(
+        ("link model", f"{format_rate(m['bandwidth_bytes_per_s'])} effective + {format_duration(m['fixed_cost_s'])}")
+    )
+    for note in m["notes"]:
+        pairs.append(("note", note))
+    rows = [
+        {
+            "missing": r["missing_tokens"],
+            "J": r["state_blocks"],
+            "attention B·T": format_bytes(r["attention_payload_bytes"]),
+            "state S·J": format_bytes(r["state_payload_bytes"]),
+            "logical": format_bytes(r["logical_bytes"]),
+            "logical bytes": r["logical_bytes"],
+            "expected": format_bytes(r["expected_bytes"]),
+            "reserved": format_bytes(r["reserved_bytes"]),
+            "link time": format_duration(r["link_seconds"]),
+        }
+        for r in m["worksheet"]
+    ]
+    if m["block_tokens"] is None:
+        for r in rows:
+            del r["expected"], r["reserved"]
+    numeric = [c for c in rows[0] if c not in ()] if rows else []
+    return to_pairs(pairs) + "\n\n" + to_table(rows, right_align=numeric)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except HybridtraceError as exc:
+        if _state["debug"]:
+            raise
+        typer.echo(f"hybridtrace: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
