@@ -12,7 +12,6 @@ import sys
 from typing import Annotated
 
 import typer
-
 from hybridtrace import __version__
 from hybridtrace.errors import HybridtraceError, UsageError
 from hybridtrace.model import (
@@ -77,7 +76,9 @@ def model_command(
         ),
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size; figures are per rank.")] = 1,
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: auto, bfloat16, float16, float32, fp8.")] = "auto",
+    kv_dtype: Annotated[
+        str, typer.Option(help="KV cache dtype: auto, bfloat16, float16, float32, fp8.")
+    ] = "auto",
     mamba_dtype: Annotated[
         str, typer.Option(help="Conv state dtype (and SSM state unless --ssm-dtype is given).")
     ] = "auto",
@@ -157,7 +158,9 @@ def _model_table(m: dict) -> str:
             dt.append(f"conv {m['mamba_cache_dtype']}, ssm {m['mamba_ssm_cache_dtype']}")
         pairs.append(("dtypes", ", ".join(dt)))
         kind = f" ({m['recurrent_kind']})" if m["recurrent_kind"] else ""
-        pairs.append(("layers", f"{m['attention_layers']} attention, {m['recurrent_layers']} recurrent{kind}"))
+        pairs.append(
+            ("layers", f"{m['attention_layers']} attention, {m['recurrent_layers']} recurrent{kind}")
+        )
     b = m["attention_bytes_per_token"]
     b_line = f"{b:,} B/token ({format_bytes(b)})"
     if m.get("attention_bytes_per_token_per_layer"):
@@ -198,11 +201,16 @@ def _model_table(m: dict) -> str:
     pairs.append(
         (
             "crossover",
-            f"{cross:,.2f} tokens (S·J/B, J={m['state_blocks']})" if cross is not None else "none (B or S is 0)",
+            f"{cross:,.2f} tokens (S·J/B, J={m['state_blocks']})"
+            if cross is not None
+            else "none (B or S is 0)",
         )
     )
     pairs.append(
-        ("link model", f"{format_rate(m['bandwidth_bytes_per_s'])} effective + {format_duration(m['fixed_cost_s'])}")
+        (
+            "link model",
+            f"{format_rate(m['bandwidth_bytes_per_s'])} effective + {format_duration(m['fixed_cost_s'])}",
+        )
     )
     for note in m["notes"]:
         pairs.append(("note", note))
@@ -223,8 +231,7 @@ def _model_table(m: dict) -> str:
     if m["block_tokens"] is None:
         for r in rows:
             del r["expected"], r["reserved"]
-    numeric = [c for c in rows[0] if c not in ()] if rows else []
-    return to_pairs(pairs) + "\n\n" + to_table(rows, right_align=numeric)
+    return to_pairs(pairs) + "\n\n" + to_table(rows, right_align=list(rows[0]) if rows else [])
 
 
 def main() -> None:

@@ -11,13 +11,13 @@ import io
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from hybridtrace.errors import UsageError
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
     csv = "csv"
@@ -98,7 +98,9 @@ def to_table(
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     if right_align is None:
         numeric = {
-            c for c in columns if rows and all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows)
+            c
+            for c in columns
+            if rows and all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows)
         }
     else:
         numeric = set(right_align)
@@ -106,7 +108,8 @@ def to_table(
 
     def line(values: Sequence[str]) -> str:
         parts = [
-            v.rjust(w) if c in numeric else v.ljust(w) for v, w, c in zip(values, widths, columns, strict=True)
+            v.rjust(w) if c in numeric else v.ljust(w)
+            for v, w, c in zip(values, widths, columns, strict=True)
         ]
         return "  ".join(parts).rstrip()
 

@@ -96,10 +96,7 @@ def parse_rate(text: str | int | float) -> float:
     body = raw[:-2]
     value, unit = _split(body, "a rate")
     is_bits = unit.lower().endswith("bit") or (unit.endswith("b") and not unit.endswith("ib"))
-    if is_bits:
-        factor = _BIT_FACTORS.get(unit.lower())
-    else:
-        factor = _SIZE_FACTORS.get(unit.lower())
+    factor = _BIT_FACTORS.get(unit.lower()) if is_bits else _SIZE_FACTORS.get(unit.lower())
     if factor is None:
         raise UsageError(f"unknown rate unit {unit!r} in {text!r}")
     rate = value * factor

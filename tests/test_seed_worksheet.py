@@ -8,10 +8,9 @@ crossover S/B is ~658 tokens.
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from hybridtrace.cli import app
 from hybridtrace.model import crossover_tokens, raw_byte_model, worksheet
+from typer.testing import CliRunner
 
 MIB = 2**20
 B = 4 * 1024
@@ -20,7 +19,9 @@ S = 2694840  # 2.57 MiB = 2,694,840.32 B, rounded to whole bytes
 
 def test_logical_payloads_and_link_times():
     model = raw_byte_model(B, S)
-    rows = worksheet(model, [512, 4096, 32768], state_blocks=1, bandwidth_bytes_per_s=20e9, fixed_cost_s=80e-6)
+    rows = worksheet(
+        model, [512, 4096, 32768], state_blocks=1, bandwidth_bytes_per_s=20e9, fixed_cost_s=80e-6
+    )
     # B*T + S*J, exactly:
     assert [r.logical_bytes for r in rows] == [512 * B + S, 4096 * B + S, 32768 * B + S]
     assert [round(r.logical_bytes / MIB, 2) for r in rows] == [4.57, 18.57, 130.57]
@@ -44,12 +45,18 @@ def test_cli_raw_mode_json():
         app,
         [
             "model",
-            "--attention-bytes-per-token", "4KiB",
-            "--state-bytes", "2.57MiB",
-            "--missing-tokens", "512,4096,32768",
-            "--bandwidth", "20GB/s",
-            "--fixed-cost", "80us",
-            "--format", "json",
+            "--attention-bytes-per-token",
+            "4KiB",
+            "--state-bytes",
+            "2.57MiB",
+            "--missing-tokens",
+            "512,4096,32768",
+            "--bandwidth",
+            "20GB/s",
+            "--fixed-cost",
+            "80us",
+            "--format",
+            "json",
         ],
     )
     assert result.exit_code == 0, result.output

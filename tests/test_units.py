@@ -1,7 +1,6 @@
 """Units as operators type them: binary sizes, decimal rates, bits, durations."""
 
 import pytest
-
 from hybridtrace.errors import UsageError
 from hybridtrace.units import (
     format_bytes,

@@ -24,11 +24,27 @@ class CatalogEntry:
 
 CATALOG: tuple[CatalogEntry, ...] = (
     CatalogEntry("nemotron-nano-12b-v2", "nvidia/NVIDIA-Nemotron-Nano-12B-v2", "nemotron-nano-12b-v2.json"),
+    CatalogEntry(
+        "nemotron-3-nano-30b-a3b",
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        "nemotron-3-nano-30b-a3b.json",
+    ),
+    CatalogEntry("nemotron-h-8b-base-8k", "nvidia/Nemotron-H-8B-Base-8K", "nemotron-h-8b-base-8k.json"),
     CatalogEntry("jamba-v0.1", "ai21labs/Jamba-v0.1", "jamba-v0.1.json"),
     CatalogEntry(
         "qwen3-next-80b-a3b-instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b-instruct.json"
     ),
+    CatalogEntry("zamba2-7b", "Zyphra/Zamba2-7B", "zamba2-7b.json"),
+    CatalogEntry("mamba-codestral-7b", "mistralai/Mamba-Codestral-7B-v0.1", "mamba-codestral-7b.json"),
+    CatalogEntry("mamba-130m", "state-spaces/mamba-130m-hf", "mamba-130m.json"),
+    CatalogEntry("mamba-2.8b", "state-spaces/mamba-2.8b-hf", "mamba-2.8b.json"),
+    CatalogEntry("falcon-mamba-7b", "tiiuae/falcon-mamba-7b", "falcon-mamba-7b.json"),
     CatalogEntry("llama-3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", "llama-3-8b-instruct.json"),
+    CatalogEntry(
+        "ministral-8b-instruct-2410",
+        "mistralai/Ministral-8B-Instruct-2410",
+        "ministral-8b-instruct-2410.json",
+    ),
 )
 
 DEFAULT_MODEL = "nemotron-nano-12b-v2"

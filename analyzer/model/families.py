@@ -53,20 +53,33 @@ def model_dtype(config: Config) -> str:
     return "bfloat16" if resolved in ("float32", "auto") else resolved
 
 
-def _attention(config: Config, layers: int, *, head_size: int | None = None) -> AttentionGeometry | None:
+def _attention(
+    config: Config,
+    layers: int,
+    *,
+    head_size: int | None = None,
+    use_head_dim: bool = True,
+    kv_heads: int | None = None,
+) -> AttentionGeometry | None:
+    """Attention geometry; ``use_head_dim=False`` for families whose vLLM code ignores head_dim."""
     if layers == 0:
         return None
     heads = _int(config, "num_attention_heads")
-    kv_heads = _int(config, "num_key_value_heads", default=heads)
+    if kv_heads is None:
+        kv_heads = _int(config, "num_key_value_heads", default=heads)
     if head_size is None:
-        explicit = config.get("head_dim")
+        explicit = config.get("head_dim") if use_head_dim else None
         head_size = int(explicit) if explicit else _int(config, "hidden_size") // heads
-    return AttentionGeometry(layers=layers, num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size)
+    return AttentionGeometry(
+        layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size, head_size_v=head_size
+    )
 
 
-def _chunk(config: Config) -> int | None:
-    value = config.get("chunk_size") or config.get("mamba_chunk_size")
-    return int(value) if value else None
+def _chunk(config: Config, family_default: int | None) -> int:
+    # vLLM's get_mamba_chunk_size: mamba_chunk_size, then chunk_size, then 2048. The
+    # family default stands in for the value transformers fills in when the key is absent.
+    value = config.get("mamba_chunk_size") or config.get("chunk_size") or family_default
+    return int(value) if value else 2048
 
 
 # --- families ---------------------------------------------------------------------------
@@ -77,6 +90,9 @@ def _nemotron_h(config: Config) -> dict[str, Any]:
     if not isinstance(pattern, str) or not pattern:
         raise ConfigError("hybrid_override_pattern must be a non-empty string")
     # M = Mamba2 mixer, * = attention, - = MLP, E = MoE: only M and * hold caches.
+    unknown = sorted(set(pattern) - set("M*-E"))
+    if unknown:
+        raise ConfigError(f"hybrid_override_pattern has layer kinds the byte model does not know: {unknown}")
     mamba = pattern.count("M")
     attention = pattern.count("*")
     heads = _int(config, "mamba_num_heads")
@@ -93,8 +109,10 @@ def _nemotron_h(config: Config) -> dict[str, Any]:
     return {
         "attention": _attention(config, attention),
         "recurrent": recurrent if mamba else None,
-        # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise.
-        "ssm_dtype_default": "float32",
+        # vLLM keeps Nemotron-H's SSM state in float32 unless told otherwise (or the
+        # config's own mamba_ssm_cache_dtype says something else).
+        "ssm_dtype_default": dtypes.canonical(str(config.get("mamba_ssm_cache_dtype") or "float32")),
+        "chunk_default": 128,
     }
 
 
@@ -109,36 +127,53 @@ def _jamba(config: Config) -> dict[str, Any]:
         state_size=_int(config, "mamba_d_state"),
         conv_kernel=_int(config, "mamba_d_conv"),
     )
-    return {"attention": _attention(config, attention), "recurrent": recurrent}
+    # vLLM's Jamba attention uses hidden_size // heads whatever head_dim says.
+    return {"attention": _attention(config, attention, use_head_dim=False), "recurrent": recurrent}
 
 
 def _mamba2_from_prefixed(config: Config, layers: int) -> Mamba2Geometry:
     """Bamba / Granite-hybrid / Falcon-H1 style ``mamba_*`` keys."""
     hidden = _int(config, "hidden_size")
     d_ssm = config.get("mamba_d_ssm")
-    intermediate = int(d_ssm) if d_ssm else _int(config, "mamba_expand") * hidden
+    intermediate = int(d_ssm) if d_ssm else int(_get(config, "mamba_expand") * hidden)
+    heads = _int(config, "mamba_n_heads")
+    # transformers writes "auto" for a head dim it derives from the inner width.
+    if config.get("mamba_d_head") in (None, "auto"):
+        head_dim = intermediate // heads
+    else:
+        head_dim = _int(config, "mamba_d_head")
+    if heads * head_dim != intermediate:
+        raise ConfigError(
+            f"mamba_n_heads ({heads}) x mamba_d_head ({head_dim}) != Mamba inner width ({intermediate}): "
+            "the config is inconsistent (is mamba_d_ssm missing?)"
+        )
     return Mamba2Geometry(
         layers=layers,
         intermediate_size=intermediate,
         n_groups=_int(config, "mamba_n_groups"),
         state_size=_int(config, "mamba_d_state"),
-        num_heads=_int(config, "mamba_n_heads"),
-        head_dim=_int(config, "mamba_d_head"),
+        num_heads=heads,
+        head_dim=head_dim,
         conv_kernel=_int(config, "mamba_d_conv"),
     )
 
 
 def _granite_hybrid(config: Config) -> dict[str, Any]:
+    # Older configs say attention/mamba, transformers 5 full_attention/linear_attention.
     layer_types = _get(config, "layer_types")
-    attention = sum(1 for t in layer_types if t == "attention")
-    mamba = sum(1 for t in layer_types if t == "mamba")
+    attention = sum(1 for t in layer_types if t in ("attention", "full_attention"))
+    mamba = sum(1 for t in layer_types if t in ("mamba", "linear_attention"))
     if attention + mamba != len(layer_types):
-        unknown = sorted({t for t in layer_types if t not in ("attention", "mamba")})
+        unknown = sorted({t for t in layer_types if t not in _ATTN_OR_MAMBA})
         raise ConfigError(f"layer_types has kinds the byte model does not know: {unknown}")
     return {
-        "attention": _attention(config, attention),
+        "attention": _attention(config, attention, use_head_dim=False),
         "recurrent": _mamba2_from_prefixed(config, mamba) if mamba else None,
+        "chunk_default": 256,
     }
+
+
+_ATTN_OR_MAMBA = frozenset({"attention", "full_attention", "mamba", "linear_attention"})
 
 
 def _bamba(config: Config) -> dict[str, Any]:
@@ -146,8 +181,9 @@ def _bamba(config: Config) -> dict[str, Any]:
     indices = _get(config, "attn_layer_indices", default=[])
     attention = len({int(i) for i in indices if 0 <= int(i) < layers})
     return {
-        "attention": _attention(config, attention),
+        "attention": _attention(config, attention, use_head_dim=False),
         "recurrent": _mamba2_from_prefixed(config, layers - attention),
+        "chunk_default": 256,
     }
 
 
@@ -158,32 +194,37 @@ def _falcon_h1(config: Config) -> dict[str, Any]:
     return {
         "attention": _attention(config, layers),
         "recurrent": _mamba2_from_prefixed(config, layers),
+        "chunk_default": 256,
     }
 
 
 def _zamba2(config: Config) -> dict[str, Any]:
+    # transformers' Zamba2Config fills absent mamba_* keys with its defaults and always
+    # derives the Mamba head dim from the inner width; vLLM sizes from that object.
     block_types = _get(config, "layers_block_type")
     layers = len(block_types)
     hybrid = sum(1 for t in block_types if t == "hybrid")
     hidden = _int(config, "hidden_size")
     heads = _int(config, "num_attention_heads")
-    # The shared transformer block attends over [hidden, embeddings]: twice the width.
-    attention_hidden = _int(config, "attention_hidden_size", default=2 * hidden)
-    head_size = _int(config, "attention_head_dim", default=attention_hidden // heads)
+    intermediate = int(_get(config, "mamba_expand", default=2) * hidden)
+    mamba_heads = _int(config, "n_mamba_heads", default=8)
     recurrent = Mamba2Geometry(
         layers=layers,  # every layer, hybrid or not, has its own Mamba2 mixer
-        intermediate_size=_int(config, "mamba_expand") * hidden,
-        n_groups=_int(config, "mamba_ngroups"),
-        state_size=_int(config, "mamba_d_state"),
-        num_heads=_int(config, "n_mamba_heads"),
-        head_dim=_int(config, "mamba_headdim"),
-        conv_kernel=_int(config, "mamba_d_conv"),
+        intermediate_size=intermediate,
+        n_groups=_int(config, "mamba_ngroups", default=1),
+        state_size=_int(config, "mamba_d_state", default=64),
+        num_heads=mamba_heads,
+        head_dim=intermediate // mamba_heads,
+        conv_kernel=_int(config, "mamba_d_conv", default=4),
     )
     return {
-        # Shared weights, but each hybrid layer keeps its own KV cache.
-        "attention": _attention(config, hybrid, head_size=head_size),
+        # Shared weights, but each hybrid layer keeps its own KV cache. The shared block
+        # attends over [hidden, embeddings], so its head is 2·hidden/heads wide, and vLLM
+        # builds it with as many KV heads as query heads.
+        "attention": _attention(config, hybrid, head_size=2 * hidden // heads, kv_heads=heads),
         "recurrent": recurrent,
         "notes": ("Zamba2 shares attention weights across hybrid layers, not KV caches",),
+        "chunk_default": 256,
     }
 
 
@@ -219,13 +260,16 @@ def _mamba2(config: Config) -> dict[str, Any]:
         head_dim=_int(config, "head_dim"),
         conv_kernel=_int(config, "conv_kernel"),
     )
-    return {"attention": None, "recurrent": recurrent}
+    return {"attention": None, "recurrent": recurrent, "chunk_default": 256}
 
 
 def _mamba1(config: Config) -> dict[str, Any]:
+    hidden = _int(config, "hidden_size")
     recurrent = Mamba1Geometry(
         layers=_int(config, "num_hidden_layers"),
-        intermediate_size=_int(config, "intermediate_size"),
+        intermediate_size=_int(
+            config, "intermediate_size", default=int(_get(config, "expand", default=2) * hidden)
+        ),
         state_size=_int(config, "state_size"),
         conv_kernel=_int(config, "conv_kernel"),
     )
@@ -246,6 +290,57 @@ HYBRID_FAMILIES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "Qwen3NextForCausalLM": _qwen3_next,
     "Mamba2ForCausalLM": _mamba2,
     "MambaForCausalLM": _mamba1,
+    "FalconMambaForCausalLM": _mamba1,
+}
+
+# Keys transformers fills in when a config leaves them out; vLLM sizes from the filled-in
+# object, so an absent key means this value, not an error.
+_TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "BambaForCausalLM": {
+        "num_key_value_heads": 8,
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    },
+    "GraniteMoeHybridForCausalLM": {
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    },
+    "FalconH1ForCausalLM": {
+        "num_key_value_heads": 8,
+        "mamba_d_ssm": 1024,
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    },
+}
+
+# Configs without an "architectures" entry name their family by model_type.
+_MODEL_TYPES: dict[str, str] = {
+    "nemotron_h": "NemotronHForCausalLM",
+    "jamba": "JambaForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "bamba": "BambaForCausalLM",
+    "zamba2": "Zamba2ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "falcon_mamba": "FalconMambaForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 # Decoders whose every layer is full attention with the standard config keys.
@@ -288,9 +383,16 @@ def geometry_from_config(config: Config, name: str | None = None) -> ModelGeomet
         merged.setdefault("architectures", config.get("architectures"))
         config = merged
     architectures = config.get("architectures") or []
-    if not architectures:
-        raise ConfigError("config.json has no 'architectures' entry, so its model family is unknown")
-    architecture = str(architectures[0])
+    if architectures:
+        architecture = str(architectures[0])
+    elif config.get("model_type") in _MODEL_TYPES:
+        architecture = _MODEL_TYPES[config["model_type"]]
+    else:
+        raise ConfigError(
+            "config.json names no 'architectures' and no known model_type, so its family is unknown"
+        )
+    if architecture in _TRANSFORMERS_DEFAULTS:
+        config = {**_TRANSFORMERS_DEFAULTS[architecture], **config}
     parser = HYBRID_FAMILIES.get(architecture)
     if parser is None and architecture in DENSE_ATTENTION:
         parser = _dense_attention
@@ -309,6 +411,6 @@ def geometry_from_config(config: Config, name: str | None = None) -> ModelGeomet
         attention=parts.get("attention"),
         recurrent=parts.get("recurrent"),
         ssm_dtype_default=parts.get("ssm_dtype_default", "auto"),
-        mamba_chunk_size=_chunk(config),
+        mamba_chunk_size=_chunk(config, parts.get("chunk_default")),
         notes=tuple(parts.get("notes", ())),
     )

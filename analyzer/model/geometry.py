@@ -26,9 +26,18 @@ class AttentionGeometry:
     """Full-attention layers that keep a per-token K and V cache."""
 
     layers: int
+    num_heads: int  # query heads, total
     num_kv_heads: int  # total across ranks, as in the config
     head_size: int
     head_size_v: int
+
+    def check_tp(self, tp_size: int) -> None:
+        _divide(self.num_heads, tp_size, "attention heads")
+        if self.num_kv_heads % tp_size and tp_size % self.num_kv_heads:
+            raise ConfigError(
+                f"{self.num_kv_heads} KV heads on TP {tp_size}: neither divides the other, "
+                "so vLLM cannot shard them"
+            )
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         # vLLM replicates KV heads when there are fewer than ranks: every rank keeps at least one.
@@ -63,8 +72,9 @@ class Mamba1Geometry:
     kind: str = field(default="mamba1", init=False)
 
     def shapes(self, tp_size: int, num_spec_tokens: int = 0) -> StateShapes:
+        # vLLM does not widen the Mamba1 conv state for speculative tokens.
         inner = _divide(self.intermediate_size, tp_size, "mamba intermediate size")
-        return StateShapes(conv=(inner, self.conv_kernel - 1 + num_spec_tokens), ssm=(inner, self.state_size))
+        return StateShapes(conv=(self.conv_kernel - 1, inner), ssm=(inner, self.state_size))
 
 
 def extra_groups_for_head_shards(n_groups: int, tp_size: int) -> int:
@@ -111,8 +121,15 @@ class GatedDeltaNetGeometry:
 
     def shapes(self, tp_size: int, num_spec_tokens: int = 0) -> StateShapes:
         conv_dim = self.head_k_dim * self.num_k_heads * 2 + self.head_v_dim * self.num_v_heads
-        conv = (self.conv_kernel - 1 + num_spec_tokens, _divide(conv_dim, tp_size, "linear-attention conv dim"))
-        ssm = (_divide(self.num_v_heads, tp_size, "linear-attention value heads"), self.head_k_dim, self.head_v_dim)
+        conv = (
+            self.conv_kernel - 1 + num_spec_tokens,
+            _divide(conv_dim, tp_size, "linear-attention conv dim"),
+        )
+        ssm = (
+            _divide(self.num_v_heads, tp_size, "linear-attention value heads"),
+            self.head_v_dim,
+            self.head_k_dim,
+        )
         return StateShapes(conv=conv, ssm=ssm)
 
 
@@ -132,8 +149,9 @@ class ModelGeometry:
     # vLLM's family default for the SSM state when --mamba-ssm-cache-dtype is auto
     # ("auto" here means: follow the conv-state dtype).
     ssm_dtype_default: str = "auto"
-    # Prefix-caching chunk for mamba_cache_mode=all (the model's chunk_size), if any.
-    mamba_chunk_size: int | None = None
+    # Mamba chunk for mamba_cache_mode=all (mamba_chunk_size, else chunk_size, else
+    # the family's transformers default, else vLLM's 2048).
+    mamba_chunk_size: int = 2048
     notes: tuple[str, ...] = ()
 
     @property

@@ -141,21 +141,22 @@ def aligned_block_tokens(
     attn_bytes_per_token_per_layer: int,
     mamba_page_bytes: int,
     options: SizingOptions,
-    chunk_size: int | None,
+    chunk_size: int,
 ) -> int:
     """The attention block size after vLLM's hybrid alignment.
 
-    Without Mamba prefix caching the block is the smallest multiple of the kernel
-    alignment whose page covers one Mamba page. With it (``all``), the block must also
-    be a multiple of the Mamba chunk so cached states sit on chunk boundaries.
+    The alignment unit is the kernel block multiple, or the configured block size when
+    that is larger. The block is the smallest multiple of it whose attention page covers
+    one Mamba page (modes ``none`` and ``align``: ``align`` changes how many state blocks
+    a request holds, not the page). Mode ``all`` (vLLM 0.22 and older, Mamba prefix
+    caching at chunk granularity) makes the block a multiple of the Mamba chunk too.
     """
-    align = options.block_align
+    unit = max(options.block_align, options.block_size)
     if options.mamba_cache_mode == "all":
-        base = math.lcm(chunk_size or align, align)
-        tokens_needed = _cdiv(mamba_page_bytes, attn_bytes_per_token_per_layer)
-        aligned = base * _cdiv(tokens_needed, base)
+        chunk = math.lcm(chunk_size, unit)
+        aligned = chunk * _cdiv(_cdiv(mamba_page_bytes, attn_bytes_per_token_per_layer), chunk)
     else:
-        aligned = align * _cdiv(mamba_page_bytes, align * attn_bytes_per_token_per_layer)
+        aligned = unit * _cdiv(mamba_page_bytes, unit * attn_bytes_per_token_per_layer)
     # vLLM only ever raises the configured block size.
     return max(options.block_size, aligned)
 
@@ -168,7 +169,7 @@ def kv_cache_groups(attention_layers: int, recurrent_layers: int) -> KVCacheGrou
     smallest, largest = min(counts), max(counts)
     # One group per type when the counts are close: padding the smaller type is cheaper
     # than splitting the larger one.
-    group_size = largest if largest < smallest * 1.25 else smallest
+    group_size = largest if largest < smallest * 1.5 else smallest
     attention_groups = _cdiv(attention_layers, group_size)
     recurrent_groups = _cdiv(recurrent_layers, group_size)
     pad_attention = attention_groups * group_size - attention_layers
@@ -190,6 +191,7 @@ def size_model(geometry: ModelGeometry, options: SizingOptions | None = None) ->
     kv_heads = head_size = None
     if geometry.attention:
         attn = geometry.attention
+        attn.check_tp(tp)
         attn_per_layer = attn.bytes_per_token_per_layer(tp, dtypes.element_bytes(kv_dtype))
         kv_heads = attn.kv_heads_per_rank(tp)
         head_size = attn.head_size

@@ -74,7 +74,9 @@ def worksheet(
     bandwidth_bytes_per_s: float = 20e9,
     fixed_cost_s: float = 80e-6,
 ) -> list[WorksheetRow]:
-    return [worksheet_row(model, t, state_blocks, bandwidth_bytes_per_s, fixed_cost_s) for t in missing_tokens]
+    return [
+        worksheet_row(model, t, state_blocks, bandwidth_bytes_per_s, fixed_cost_s) for t in missing_tokens
+    ]
 
 
 def crossover_tokens(model: ByteModel, state_blocks: int = 1) -> float | None:
