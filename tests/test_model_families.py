@@ -374,6 +374,12 @@ def test_granite_4_h_tiny(tp, attn_1tok, conv, ssm, block, pad):
     assert (m.block_tokens, m.mamba_padding_pct) == (block, pad)
 
 
+def test_granite_4_h_tiny_tp8_refused():
+    # 12 query heads do not split over 8 ranks
+    with pytest.raises(ConfigError, match="attention heads = 12"):
+        sized_excerpt("granite-4.0-h-tiny", 8)
+
+
 @pytest.mark.parametrize(
     ("tp", "attn_1tok", "conv", "ssm", "block", "pad"),
     [
@@ -391,12 +397,6 @@ def test_granite_4_h_tiny(tp, attn_1tok, conv, ssm, block, pad):
         (8, 512, 7680, 262144, 528, 0.19),
     ],
 )
-def test_granite_4_h_tiny_tp8_refused():
-    # 12 query heads do not split over 8 ranks
-    with pytest.raises(ConfigError, match="attention heads = 12"):
-        sized_excerpt("granite-4.0-h-tiny", 8)
-
-
 def test_bamba_9b(tp, attn_1tok, conv, ssm, block, pad):
     m = sized_excerpt("bamba-9b", tp)
     assert (m.attention_layers, m.recurrent_layers) == (3, 29)
