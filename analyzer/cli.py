@@ -12,6 +12,7 @@ import sys
 from typing import Annotated
 
 import typer
+
 from hybridtrace import __version__
 from hybridtrace.errors import HybridtraceError, UsageError
 from hybridtrace.model import (
@@ -141,6 +142,81 @@ def model_command(
         typer.echo(to_csv(result["worksheet"]).rstrip("\n"))
     else:
         typer.echo(_model_table(result))
+
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store", help="Store root (default ./hybridtrace-data or $HYBRIDTRACE_STORE).", show_default=False
+    ),
+]
+
+
+@app.command("ingest")
+def ingest_command(
+    paths: Annotated[
+        list[str], typer.Argument(help="Files or folders to read (formats are detected by content).")
+    ],
+    store: StoreOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, summary only.")] = False,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """Read telemetry into the store's Parquet tables; re-runs read only what is new."""
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import default_store
+
+    summary = ingest(paths, store or default_store(), progress=not quiet and sys.stderr.isatty())
+    result = summary.as_dict()
+    if fmt is OutputFormat.json:
+        typer.echo(to_json(result))
+        return
+    rows = ", ".join(f"{name} {count:,}" for name, count in sorted(result["rows"].items()) if count) or "none"
+    formats = ", ".join(f"{name} {count}" for name, count in sorted(result["by_format"].items())) or "none"
+    rate = f"{result['mb_per_s']} MB/s" if result["mb_per_s"] is not None else "-"
+    typer.echo(
+        to_pairs(
+            [
+                (
+                    "objects",
+                    f"{summary.objects_seen} seen, {summary.objects_read} read, "
+                    f"{summary.objects_skipped} unchanged",
+                ),
+                ("formats", formats),
+                ("rows", rows),
+                ("rejects", f"{summary.rejects:,}"),
+                ("duplicates skipped", f"{summary.duplicates:,}"),
+                ("time", f"{summary.seconds:.2f} s, {summary.bytes_read / 1e6:.1f} MB read, {rate}"),
+            ]
+        )
+    )
+
+
+@app.command("query")
+def query_command(
+    sql: Annotated[str, typer.Argument(help="DuckDB SQL over the store's views (transfers, requests, ...).")],
+    store: StoreOption = None,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """Run ad-hoc SQL against the store's views."""
+    import duckdb
+
+    from hybridtrace.output import render_rows
+    from hybridtrace.store import Store, default_store
+
+    root = store or default_store()
+    st = Store(root)
+    if not st.exists():
+        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
+    con = st.connect()
+    try:
+        relation = con.sql(sql)
+    except duckdb.Error as exc:
+        raise UsageError(f"query failed: {exc}") from exc
+    if relation is None:
+        return
+    columns = relation.columns
+    rows = [dict(zip(columns, r, strict=True)) for r in relation.fetchall()]
+    typer.echo(render_rows(rows, fmt, columns))
 
 
 def _model_table(m: dict) -> str:

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from hybridtrace.errors import ConfigError, UnsupportedArchitecture
 from hybridtrace.model import SizingOptions, byte_model_for, geometry_from_config, load_config, size_model
 

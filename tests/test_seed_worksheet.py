@@ -8,9 +8,10 @@ crossover S/B is ~658 tokens.
 import json
 
 import pytest
+from typer.testing import CliRunner
+
 from hybridtrace.cli import app
 from hybridtrace.model import crossover_tokens, raw_byte_model, worksheet
-from typer.testing import CliRunner
 
 MIB = 2**20
 B = 4 * 1024

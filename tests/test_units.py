@@ -1,6 +1,7 @@
 """Units as operators type them: binary sizes, decimal rates, bits, durations."""
 
 import pytest
+
 from hybridtrace.errors import UsageError
 from hybridtrace.units import (
     format_bytes,

@@ -1,0 +1,106 @@
+"""Table definitions, read from ``schemas/*.toml``: the one source of truth.
+
+The Parquet writers, the DuckDB views and the docs all come from these definitions, so a
+column is added in one place.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "json": pa.string(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+    "date": pa.date32(),
+}
+
+_DUCKDB_TYPES: dict[str, str] = {
+    "string": "VARCHAR",
+    "json": "VARCHAR",
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "float64": "DOUBLE",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    doc: str
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return _ARROW_TYPES[self.type]
+
+    @property
+    def duckdb_type(self) -> str:
+        return _DUCKDB_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    partition: tuple[str, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
+
+    def conform(self, table: pa.Table) -> pa.Table:
+        """``table`` with exactly this schema's columns, in order and types; absent ones null."""
+        arrays = []
+        for column in self.columns:
+            if column.name in table.column_names:
+                arrays.append(table[column.name].cast(column.arrow_type))
+            else:
+                arrays.append(pa.nulls(table.num_rows, column.arrow_type))
+        return pa.Table.from_arrays(arrays, schema=self.arrow_schema())
+
+    def empty_select(self) -> str:
+        """SQL for an empty relation with this schema, for a table with no data yet."""
+        cols = ", ".join(f"CAST(NULL AS {c.duckdb_type}) AS {c.name}" for c in self.columns)
+        return f"SELECT {cols} WHERE false"
+
+
+TABLES = ("transfers", "requests", "engines", "intervals", "log_events", "rejects", "sources", "models")
+
+
+@cache
+def table_schema(name: str) -> TableSchema:
+    text = resources.files("hybridtrace.schemas").joinpath(f"{name}.toml").read_text(encoding="utf-8")
+    raw = tomllib.loads(text)
+    columns = tuple(Column(c["name"], c["type"], c["doc"]) for c in raw["columns"])
+    for column in columns:
+        if column.type not in _ARROW_TYPES:
+            raise ValueError(f"schemas/{name}.toml: unknown type {column.type!r} for {column.name}")
+    return TableSchema(
+        name=raw["name"],
+        doc=raw["doc"],
+        columns=columns,
+        key=tuple(raw.get("key", ())),
+        partition=tuple(raw.get("partition", ())),
+    )
+
+
+def all_schemas() -> list[TableSchema]:
+    return [table_schema(name) for name in TABLES]

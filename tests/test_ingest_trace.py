@@ -1,0 +1,184 @@
+"""Connector trace ingest: counts, incremental re-runs, duplicates, bad input, crashes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tracegen import engine_record, transfer_records, write_jsonl
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.store import Store
+
+NEMOTRON = Path(__file__).parent.parent / "analyzer" / "model" / "configs" / "nemotron-nano-12b-v2.json"
+
+
+def counts(store: Path) -> dict[str, int]:
+    con = Store(store).connect()
+    return {
+        t: con.sql(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+        for t in ("transfers", "requests", "engines", "rejects", "models")
+    }
+
+
+def bundle(root: Path, n: int = 20) -> Path:
+    write_jsonl(
+        root / "decode-0" / "trace.jsonl", [engine_record("decode-0", "decode", 2), *transfer_records(n)]
+    )
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "config.json").write_text(NEMOTRON.read_text())
+    (root / "notes.txt").write_text("nothing to see here\n")
+    return root
+
+
+def test_ingest_counts_and_query(tmp_path):
+    data = bundle(tmp_path / "in", n=20)
+    summary = ingest([data], tmp_path / "store")
+    assert counts(tmp_path / "store") == {
+        "transfers": 40,
+        "requests": 20,
+        "engines": 1,
+        "rejects": 0,
+        "models": 1,
+    }
+    assert summary.by_format == {"connector_trace": 1, "model_config": 1, "unknown": 1}
+    con = Store(tmp_path / "store").connect()
+    rows = con.sql("SELECT rank, reads, transported_bytes FROM rank_bandwidth ORDER BY rank").fetchall()
+    expected = sum(r["bytes"] for r in transfer_records(20) if r["type"] == "transfer" and r["rank"] == 0)
+    assert rows[0] == (0, 20, expected)
+    # the unrecognised file is in the manifest, not an error
+    status = dict(con.sql("SELECT regexp_extract(uri, '[^/]+$'), status FROM sources").fetchall())
+    assert status["notes.txt"] == "unrecognised"
+
+
+def test_rerun_skips_unchanged_and_appends_are_read_once(tmp_path):
+    data = bundle(tmp_path / "in", n=10)
+    store = tmp_path / "store"
+    ingest([data], store)
+    before = counts(store)
+    again = ingest([data], store)
+    assert again.objects_skipped == 3 and again.objects_read == 0
+    assert counts(store) == before
+    # a growing trace: only the appended records are read
+    trace = data / "decode-0" / "trace.jsonl"
+    more = transfer_records(5, seed=7, start_ts=1764409000.0)
+    with open(trace, "a") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in more))
+    summary = ingest([data], store)
+    assert summary.rows["transfers"] == 10 and summary.duplicates == 0
+    assert counts(store)["transfers"] == before["transfers"] + 10
+    lines = Store(store).connect().sql("SELECT max(line_number) FROM transfers").fetchall()[0][0]
+    assert lines == 1 + 10 * 3 + 5 * 3 - 1  # line numbers keep counting across appends
+
+
+def test_rotated_gzip_copy_adds_no_duplicates(tmp_path):
+    data = bundle(tmp_path / "in", n=10)
+    store = tmp_path / "store"
+    ingest([data], store)
+    before = counts(store)
+    raw = (data / "decode-0" / "trace.jsonl").read_bytes()
+    (data / "decode-0" / "trace.jsonl.1.gz").write_bytes(gzip.compress(raw))
+    summary = ingest([data], store)
+    assert summary.duplicates == 31  # 20 transfers + 10 requests + 1 engine, all already held
+    assert counts(store) == before
+
+
+def test_bad_input_ends_in_rejects_and_sources(tmp_path):
+    good = transfer_records(3)
+    lines = [json.dumps(r) for r in good]
+    bad = [
+        '{"type": "transfer", "v": 1, "ts": 1764400000',  # truncated JSON
+        b"\xff\xfe\xfa invalid utf-8".decode("latin-1"),
+        json.dumps({**good[0], "rank": "zero", "ts": 1.0}),  # wrong type
+        json.dumps({**good[0], "status": "maybe", "ts": 2.0}),  # unknown status
+        json.dumps({"type": "transfer", "v": 1}),  # missing fields
+        "x" * (1 << 20),  # a 1 MB line
+    ]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    body = "\n".join(lines[:2] + bad + lines[2:]) + "\n"
+    (folder / "trace.jsonl").write_bytes(body.encode("latin-1"))
+    (folder / "empty.jsonl").write_bytes(b"")
+    (folder / "garbage.bin").write_bytes(bytes(random.Random(1).randrange(256) for _ in range(4096)))
+    (folder / "readme.md").write_text("# not telemetry\n")
+    (folder / "config.json").write_text('{"architectures": ["X"], ')  # truncated config
+    summary = ingest([folder], tmp_path / "store")
+    c = counts(tmp_path / "store")
+    assert c["transfers"] == 6 and c["requests"] == 3  # every valid record is present
+    con = Store(tmp_path / "store").connect()
+    reasons = dict(
+        con.sql("SELECT line_number, reason FROM rejects WHERE format = 'connector_trace'").fetchall()
+    )
+    assert reasons[3].startswith("not valid JSON")
+    assert reasons[4] == "invalid UTF-8"
+    assert reasons[5].startswith("wrong type for rank")
+    assert reasons[6] == "unknown status maybe"
+    assert reasons[7].startswith("missing field")
+    assert reasons[8].startswith("not valid JSON")
+    assert max(len(r) for (r,) in con.sql("SELECT raw FROM rejects").fetchall()) <= 512
+    statuses = dict(con.sql("SELECT regexp_extract(uri, '[^/]+$'), status FROM sources").fetchall())
+    assert statuses == {
+        "trace.jsonl": "ok",
+        "empty.jsonl": "empty",
+        "garbage.bin": "unrecognised",
+        "readme.md": "unrecognised",
+        "config.json": "error",
+    }
+    assert summary.rejects == 7
+
+
+def test_interrupted_batch_leaves_store_readable_and_rerun_exact(tmp_path, monkeypatch):
+    data = bundle(tmp_path / "in", n=15)
+    store_root = tmp_path / "store"
+    original = Store.write_batch
+
+    def crash_before_commit(self, batch_id, tables, sources):
+        for name, table in tables.items():
+            if table.num_rows:
+                self._write_table(batch_id, __import__("hybridtrace.schema").schema.table_schema(name), table)
+        raise KeyboardInterrupt("killed before the manifest was written")
+
+    monkeypatch.setattr(Store, "write_batch", crash_before_commit)
+    with pytest.raises(KeyboardInterrupt):
+        ingest([data], store_root)
+    assert counts(store_root)["transfers"] == 0  # uncommitted data is invisible
+    monkeypatch.setattr(Store, "write_batch", original)
+    ingest([data], store_root)
+    clean = tmp_path / "clean"
+    ingest([data], clean)
+    assert counts(store_root) == counts(clean)
+    leftovers = [p for p in store_root.rglob("*.parquet")]
+    assert len(leftovers) == len(list(clean.rglob("*.parquet")))
+
+
+def _store_rows(root: Path) -> list[tuple]:
+    con = Store(root).connect()
+    return sorted(con.sql("SELECT request_id, rank, ts, transported_bytes FROM transfers").fetchall())
+
+
+def test_killed_process_at_random_points_then_rerun_matches_clean(tmp_path):
+    data = tmp_path / "in"
+    for i in range(12):
+        write_jsonl(data / f"engine-{i}" / "trace.jsonl", transfer_records(40, seed=i))
+    store_root, clean = tmp_path / "store", tmp_path / "clean"
+    env = {**os.environ, "HYBRIDTRACE_BATCH_OBJECTS": "1"}
+    command = [sys.executable, "-m", "hybridtrace", "ingest", str(data), "--store", str(store_root), "-q"]
+    rng = random.Random(42)
+    for _ in range(4):
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 1.5))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        Store(store_root).connect()  # readable after every kill
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    ingest([data], clean)
+    assert _store_rows(store_root) == _store_rows(clean)
+    assert len(_store_rows(clean)) == 12 * 40 * 2
