@@ -104,3 +104,23 @@ def table_schema(name: str) -> TableSchema:
 
 def all_schemas() -> list[TableSchema]:
     return [table_schema(name) for name in TABLES]
+
+
+def markdown() -> str:
+    """The table reference (docs/tables.md), generated from the schema files."""
+    out = [
+        "# Store tables",
+        "",
+        f"Generated from `schemas/*.toml` (schema version {SCHEMA_VERSION}); do not edit by hand.",
+        "",
+    ]
+    for schema in all_schemas():
+        out += [f"## `{schema.name}`", "", schema.doc, ""]
+        if schema.key:
+            out += [f"Unique on: {', '.join(f'`{k}`' for k in schema.key)}.", ""]
+        if schema.partition:
+            out += [f"Partitioned by: {', '.join(f'`{k}`' for k in schema.partition)}.", ""]
+        out += ["| column | type | meaning |", "|---|---|---|"]
+        out += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in schema.columns]
+        out.append("")
+    return "\n".join(out)
