@@ -295,34 +295,18 @@ HYBRID_FAMILIES: dict[str, Callable[[Config], dict[str, Any]]] = {
 
 # Keys transformers fills in when a config leaves them out; vLLM sizes from the filled-in
 # object, so an absent key means this value, not an error.
+_MAMBA_PREFIXED_DEFAULTS: dict[str, Any] = {
+    "mamba_n_heads": 128,
+    "mamba_d_head": "auto",
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+}
 _TRANSFORMERS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "BambaForCausalLM": {
-        "num_key_value_heads": 8,
-        "mamba_n_heads": 128,
-        "mamba_d_head": "auto",
-        "mamba_n_groups": 1,
-        "mamba_d_state": 256,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-    },
-    "GraniteMoeHybridForCausalLM": {
-        "mamba_n_heads": 128,
-        "mamba_d_head": "auto",
-        "mamba_n_groups": 1,
-        "mamba_d_state": 256,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-    },
-    "FalconH1ForCausalLM": {
-        "num_key_value_heads": 8,
-        "mamba_d_ssm": 1024,
-        "mamba_n_heads": 128,
-        "mamba_d_head": "auto",
-        "mamba_n_groups": 1,
-        "mamba_d_state": 256,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-    },
+    "BambaForCausalLM": {**_MAMBA_PREFIXED_DEFAULTS, "num_key_value_heads": 8},
+    "GraniteMoeHybridForCausalLM": dict(_MAMBA_PREFIXED_DEFAULTS),
+    "FalconH1ForCausalLM": {**_MAMBA_PREFIXED_DEFAULTS, "num_key_value_heads": 8, "mamba_d_ssm": 1024},
 }
 
 # Configs without an "architectures" entry name their family by model_type.
