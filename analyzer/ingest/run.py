@@ -176,7 +176,8 @@ def ingest(
             and last["start_offset"] is not None
         ):
             start, first_line = last["end_offset"], last["end_line"] + 1
-        _ingest_object(con, store, batch, path, uri, size, mtime, fingerprint, start, first_line, summary)
+        continued = last["format"] if start else None
+        _ingest_object(con, batch, path, uri, size, mtime, fingerprint, start, first_line, continued, summary)
         if progress:
             print(
                 f"\r{summary.objects_read} objects, {summary.bytes_read / 1e6:.1f} MB",
@@ -208,7 +209,6 @@ def _previous_reads(store: Store) -> dict[str, dict]:
 
 def _ingest_object(
     con: duckdb.DuckDBPyConnection,
-    store: Store,
     batch: _Batch,
     path: Path,
     uri: str,
@@ -217,6 +217,7 @@ def _ingest_object(
     fingerprint: str,
     start: int,
     first_line: int,
+    continued_format: str | None,
     summary: IngestSummary,
 ) -> None:
     now = time.time()
@@ -248,7 +249,8 @@ def _ingest_object(
         return
     summary.objects_read += 1
     summary.bytes_read += len(data)
-    fmt = detect_format(data[:HEAD_BYTES], path.name) if start == 0 else _continued_format(store, uri)
+    # An appended read continues in the format its first read detected.
+    fmt = continued_format or detect_format(data[:HEAD_BYTES], path.name)
     row["format"] = fmt
     summary.by_format[fmt] = summary.by_format.get(fmt, 0) + 1
     if not data.strip():
@@ -307,13 +309,6 @@ def _ingest_object(
         )
     row["rows"] = json.dumps(counts)
     batch.sources.append(row)
-
-
-def _continued_format(store: Store, uri: str) -> str:
-    for row in store.sources_frame().to_pylist():
-        if row["uri"] == uri and row["format"]:
-            return row["format"]
-    return "unknown"
 
 
 def _commit(con: duckdb.DuckDBPyConnection, store: Store, batch: _Batch, summary: IngestSummary) -> None:
