@@ -158,6 +158,11 @@ def ingest_command(
         list[str], typer.Argument(help="Files or folders to read (formats are detected by content).")
     ],
     store: StoreOption = None,
+    year: Annotated[
+        int | None,
+        typer.Option(help="Year of a log's first line (default: from the file's modification time)."),
+    ] = None,
+    tz: Annotated[str, typer.Option(help="Time zone of vLLM log stamps.")] = "UTC",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, summary only.")] = False,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -165,7 +170,9 @@ def ingest_command(
     from hybridtrace.ingest.run import ingest
     from hybridtrace.store import default_store
 
-    summary = ingest(paths, store or default_store(), progress=not quiet and sys.stderr.isatty())
+    summary = ingest(
+        paths, store or default_store(), progress=not quiet and sys.stderr.isatty(), year=year, tz=tz
+    )
     result = summary.as_dict()
     if fmt is OutputFormat.json:
         typer.echo(to_json(result))

@@ -1,9 +1,15 @@
 """``hybridtrace ingest``: walk inputs, detect each object's format, parse, commit batches.
 
-Each object is read once: the manifest (``sources``) remembers its size, mtime and
-fingerprint and the byte offset where the last read stopped. An unchanged object is
-skipped; a grown one (same fingerprint of its head) is read from that offset; a changed
-one is read again whole, and records the store already holds are dropped by key.
+Objects are streamed in chunks of whole lines, so memory stays bounded whatever their
+size. The manifest (``sources``) records, per read, the object's size, mtime, a
+fingerprint of its first bytes and the offset (and line) where the read stopped:
+
+- an unchanged object is skipped;
+- a grown one (same first bytes) is read on from that offset;
+- a large one is committed in slices, each with its own manifest row (status
+  ``partial`` until the last), so a killed run resumes where the last slice ended;
+- a changed one is read again whole, and records the store already holds are dropped by
+  their table key (a rotated ``.gz`` copy of a live log adds nothing either).
 """
 
 from __future__ import annotations
@@ -17,21 +23,35 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.errors import UsageError
+from hybridtrace.ingest import vllm_log
 from hybridtrace.ingest.detect import detect_format
 from hybridtrace.ingest.trace import parse_trace
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
 from hybridtrace.store import Store, concat, dedupe, new_batch_id
 
 HEAD_BYTES = 64 * 1024
-BATCH_ROWS = 2_000_000
+FINGERPRINT_BYTES = 4096
+CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
+BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "1000000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
-DATA_TABLES = ("transfers", "requests", "engines", "models", "rejects")
+# A last line without a newline in a file modified this recently may still be written.
+QUIET_SECONDS = 60.0
+DATA_TABLES = ("transfers", "requests", "engines", "models", "intervals", "log_events", "rejects")
+DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events")
+
+
+@dataclass
+class IngestOptions:
+    year: int | None = None  # year of a log's first line (default: from the object's mtime)
+    tz: str = "UTC"  # time zone of log stamps
+    progress: bool = False
 
 
 @dataclass
@@ -66,9 +86,6 @@ def _walk(paths: Iterable[str | Path]) -> Iterator[Path]:
             raise UsageError(f"{raw}: no such file or folder")
 
 
-FINGERPRINT_BYTES = 4096
-
-
 def _fingerprint(path: Path, size: int) -> str:
     """Hash of the object's first bytes (at most 4 KiB): unchanged when it only grows."""
     with open(path, "rb") as handle:
@@ -80,52 +97,57 @@ def _source_id(uri: str, size: int, mtime: float, start: int) -> str:
     return hashlib.sha256(f"{uri}\0{size}\0{mtime}\0{start}".encode()).hexdigest()[:32]
 
 
-def _read_body(path: Path, start: int) -> tuple[bytes, bool]:
-    """Bytes from ``start``; (data, compressed). Gzip objects are read whole."""
+def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as handle:
-        magic = handle.read(2)
-    if magic == b"\x1f\x8b":
-        with gzip.open(path, "rb") as handle:
-            return handle.read(), True
-    with open(path, "rb") as handle:
-        handle.seek(start)
-        return handle.read(), False
+        return handle.read(2) == b"\x1f\x8b"
 
 
-def _complete_lines(data: bytes, is_final: bool) -> tuple[list[bytes], int]:
-    """Lines of ``data`` and how many bytes they consume.
-
-    A last line without a newline is kept only when the caller knows the object is
-    complete (gzip) or the line is a complete JSON value: a writer may still be
-    appending to it otherwise.
-    """
-    lines = data.split(b"\n")
-    tail = lines.pop()
-    consumed = len(data) - len(tail)
-    if tail.strip():
-        keep = is_final
-        if not keep:
-            try:
-                json.loads(tail)
-                keep = True
-            except (ValueError, UnicodeDecodeError):
-                keep = False
-        if keep:
-            lines.append(tail)
-            consumed = len(data)
-    return [line.rstrip(b"\r") for line in lines], consumed
+def _open_at(path: Path, start: int, compressed: bool) -> BinaryIO:
+    """The object's (decompressed) bytes from ``start``."""
+    if compressed:
+        handle: BinaryIO = gzip.open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
+        remaining = start
+        while remaining:
+            skipped = handle.read(min(remaining, CHUNK_BYTES))
+            if not skipped:
+                break
+            remaining -= len(skipped)
+        return handle
+    handle = open(path, "rb")  # noqa: SIM115 - the caller closes it
+    handle.seek(start)
+    return handle
 
 
-def _reject_rows(rejects: pa.Table, source_id: str, uri: str, fmt: str, now: float) -> pa.Table:
-    n = rejects.num_rows
+def _line_chunks(handle: BinaryIO) -> Iterator[tuple[list[bytes], int, bytes]]:
+    """(complete lines, bytes they take, unterminated tail so far) per chunk read."""
+    pending = b""
+    while True:
+        block = handle.read(CHUNK_BYTES)
+        if not block:
+            break
+        data = pending + block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            pending = data
+            continue
+        pending = data[cut + 1 :]
+        yield data[:cut].split(b"\n"), cut + 1, pending
+    yield [], 0, pending
+
+
+def _reject_rows(rows: list[dict] | pa.Table, source_id: str, uri: str, fmt: str, now: float) -> pa.Table:
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
+    n = table.num_rows
+    if n == 0:
+        return table_schema("rejects").arrow_schema().empty_table()
     return pa.table(
         {
             "source_id": pa.array([source_id] * n, pa.string()),
             "uri": pa.array([uri] * n, pa.string()),
-            "line_number": rejects["line_number"].cast(pa.int64()),
+            "line_number": table["line_number"].cast(pa.int64()),
             "format": pa.array([fmt] * n, pa.string()),
-            "reason": rejects["reason"],
-            "raw": rejects["raw"],
+            "reason": table["reason"].cast(pa.string()),
+            "raw": table["raw"].cast(pa.string()),
             "ingested_at": pa.array([now] * n, pa.float64()),
         }
     )
@@ -144,185 +166,360 @@ class _Batch:
             self.rows += data.num_rows
 
 
-def ingest(
-    paths: Iterable[str | Path],
-    store_root: str | Path,
-    *,
-    progress: bool = False,
-) -> IngestSummary:
-    """Ingest every object under ``paths`` into the store at ``store_root``."""
-    started = time.monotonic()
-    store = Store(store_root)
-    store.init()
-    summary = IngestSummary(recovered_files=store.recover())
-    previous = _previous_reads(store)
-    con = duckdb.connect(":memory:")
-    batch = _Batch()
-    for path in _walk(paths):
+class _Ingest:
+    """One run: the store, the open batch, the summary."""
+
+    def __init__(self, store: Store, options: IngestOptions) -> None:
+        self.store = store
+        self.options = options
+        self.con = duckdb.connect(":memory:")
+        self.batch = _Batch()
+        self.summary = IngestSummary()
+        self.previous = _previous_reads(store)
+
+    def maybe_commit(self, force: bool = False) -> None:
+        if self.batch.sources and (
+            force or self.batch.rows >= BATCH_ROWS or len(self.batch.sources) >= BATCH_OBJECTS
+        ):
+            _commit(self.con, self.store, self.batch, self.summary)
+            self.batch = _Batch()
+
+    def object(self, path: Path) -> None:
+        summary = self.summary
         summary.objects_seen += 1
         uri = str(path.resolve())
         stat = path.stat()
         size, mtime = stat.st_size, stat.st_mtime
-        last = previous.get(uri)
-        if last and last["size_bytes"] == size and last["mtime"] == mtime:
+        last = self.previous.get(uri)
+        if last and last["status"] != "partial" and last["size_bytes"] == size and last["mtime"] == mtime:
             summary.objects_skipped += 1
-            continue
+            return
+        compressed = _is_gzip(path)
         fingerprint = _fingerprint(path, size)
-        start, first_line = 0, 1
-        if (
-            last
-            and last["etag"] == fingerprint
-            and size > last["end_offset"]
-            and last["start_offset"] is not None
-        ):
-            start, first_line = last["end_offset"], last["end_line"] + 1
-        continued = last["format"] if start else None
-        _ingest_object(con, batch, path, uri, size, mtime, fingerprint, start, first_line, continued, summary)
-        if progress:
+        start, first_line, fmt, engine_id = 0, 1, None, None
+        if last and last["end_offset"]:
+            same_object = last["size_bytes"] == size and last["mtime"] == mtime
+            grown = (
+                not compressed
+                and size > last["end_offset"]
+                and _fingerprint(path, last["size_bytes"]) == last["etag"]
+            )
+            if (same_object and last["status"] == "partial") or grown:
+                start, first_line = last["end_offset"], last["end_line"] + 1
+                fmt, engine_id = last["format"], last["engine_id"]
+        try:
+            handle = _open_at(path, start, compressed)
+        except OSError as exc:
+            self.batch.sources.append(
+                self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown")
+            )
+            self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
+            return
+        with handle:
+            summary.objects_read += 1
+            _ObjectReader(self, path, uri, size, mtime, fingerprint, compressed, fmt, engine_id).run(
+                handle, start, first_line
+            )
+        if self.options.progress:
             print(
                 f"\r{summary.objects_read} objects, {summary.bytes_read / 1e6:.1f} MB",
                 end="",
                 file=sys.stderr,
             )
-        if batch.rows >= BATCH_ROWS or len(batch.sources) >= BATCH_OBJECTS:
-            _commit(con, store, batch, summary)
-            batch = _Batch()
-    if batch.sources:
-        _commit(con, store, batch, summary)
+        self.maybe_commit()
+
+    def _source_row(self, uri, size, mtime, fingerprint, start, first_line, fmt) -> dict:
+        return {
+            "source_id": _source_id(uri, size, mtime, start),
+            "batch_id": self.batch.id,
+            "uri": uri,
+            "format": fmt,
+            "size_bytes": size,
+            "mtime": mtime,
+            "etag": fingerprint,
+            "start_offset": start,
+            "end_offset": start,
+            "end_line": first_line - 1,
+            "lines": 0,
+            "rows": "{}",
+            "rejects": 0,
+            "duplicates": 0,
+            "status": "ok",
+            "message": None,
+            "engine_id": None,
+            "ingested_at": time.time(),
+            "schema_version": SCHEMA_VERSION,
+        }
+
+
+class _ObjectReader:
+    """Streams one object through its format's parser, committing slices as batches fill."""
+
+    def __init__(self, run: _Ingest, path: Path, uri: str, size: int, mtime: float, fingerprint: str,
+                 compressed: bool, fmt: str | None, engine_id: str | None) -> None:  # fmt: skip
+        self.job, self.path, self.uri = run, path, uri
+        self.size, self.mtime, self.fingerprint, self.compressed = size, mtime, fingerprint, compressed
+        self.fmt = fmt
+        self.engine_id = engine_id
+        self.log_ctx: vllm_log.LogContext | None = None
+
+    def run(self, handle: BinaryIO, start: int, first_line: int) -> None:
+        offset, line = start, first_line
+        row = self._new_row(offset, line)
+        quiet = self.compressed or (time.time() - self.mtime) > QUIET_SECONDS
+        for lines, consumed, tail in _line_chunks(handle):
+            final = not lines and not consumed
+            if self.fmt is None:
+                head = b"\n".join(lines)[:HEAD_BYTES] if lines else tail[:HEAD_BYTES]
+                self.fmt = detect_format(head, self.path.name) if head.strip() else "empty"
+                row["format"] = self.fmt
+                self.job.summary.by_format[self.fmt] = self.job.summary.by_format.get(self.fmt, 0) + 1
+            if final:
+                complete = (
+                    quiet or self.fmt == "model_config" or (self.fmt == "connector_trace" and _is_json(tail))
+                )
+                if tail.strip() and complete:
+                    lines, consumed = [tail], len(tail)
+                elif not tail.strip():
+                    consumed = len(tail)  # trailing blanks
+            self.job.summary.bytes_read += consumed
+            kept_back = self._parse(row, lines, line, final)
+            line += len(lines)
+            offset += consumed
+            row["end_offset"] = offset - kept_back[0]
+            row["end_line"] = line - 1 - kept_back[1]
+            row["lines"] = row["end_line"] - (row["start_line"] - 1)
+            if not final and self.job.batch.rows >= BATCH_ROWS:
+                # Commit what is parsed so far as a slice; the rest is a continued read.
+                row["status"] = "partial"
+                self._close_row(row)
+                self.job.maybe_commit(force=True)
+                row = self._new_row(row["end_offset"], row["end_line"] + 1)
+        if self.fmt in (None, "empty"):
+            row.update(status="empty", format="empty")
+        elif self.fmt in ("unknown", "prometheus"):
+            unknown = self.fmt == "unknown"
+            row.update(
+                status="unrecognised" if unknown else "ok",
+                message=None if unknown else f"no {self.fmt} ingester in this version",
+            )
+        self._close_row(row)
+
+    def _new_row(self, offset: int, line: int) -> dict:
+        row = self.job._source_row(self.uri, self.size, self.mtime, self.fingerprint, offset, line, self.fmt)
+        row["start_line"] = line
+        row["counts"] = {}
+        row["engine_id"] = self.engine_id
+        self.job.batch.sources.append(row)
+        return row
+
+    def _close_row(self, row: dict) -> None:
+        row["rows"] = json.dumps(row.pop("counts"))
+        row.pop("start_line", None)
+        row["batch_id"] = self.job.batch.id
+
+    def _add(self, row: dict, table: str, data: pa.Table) -> None:
+        if data.num_rows:
+            row["counts"][table] = row["counts"].get(table, 0) + data.num_rows
+            self.job.batch.add(table, data)
+
+    def _reject(self, row: dict, rejects: list[dict] | pa.Table) -> None:
+        table = _reject_rows(rejects, row["source_id"], self.uri, self.fmt or "unknown", time.time())
+        row["rejects"] += table.num_rows
+        self.job.summary.rejects += table.num_rows
+        self.job.batch.add("rejects", table)
+
+    def _parse(self, row: dict, lines: list[bytes], first_line: int, final: bool) -> tuple[int, int]:
+        """Parse ``lines``; returns (bytes, lines) held back for the next chunk."""
+        if self.fmt == "connector_trace":
+            if lines:
+                tables, rejects = parse_trace(self.job.con, lines, first_line, row["source_id"])
+                for name, table in tables.items():
+                    self._add(row, name, table)
+                self._reject(row, rejects)
+            return 0, 0
+        if self.fmt == "vllm_log":
+            return self._parse_log(row, lines, first_line, final)
+        if self.fmt == "model_config":
+            self._model_config(row, lines)
+        return 0, 0
+
+    def _parse_log(self, row: dict, lines: list[bytes], first_line: int, final: bool) -> tuple[int, int]:
+        if self.log_ctx is None:
+            self.log_ctx = vllm_log.LogContext(
+                uri=self.uri,
+                mtime=self.mtime,
+                year=self.job.options.year,
+                tz=self.job.options.tz,
+                engine_id=self.engine_id,
+                fallback_engine_id=_folder_engine_id(self.path),
+            )
+        texts, bad = _decode_lines(lines, first_line)
+        if bad:
+            self._reject(row, bad)
+        result = vllm_log.LogResult()
+        numbers = list(range(first_line, first_line + len(texts)))
+        vllm_log.parse_chunk(self.log_ctx, numbers, texts, final, result)
+        engine_id = vllm_log.finish(self.log_ctx, result)
+        if result.engine.get("engine_id"):
+            self.engine_id = self.log_ctx.engine_id = result.engine["engine_id"]
+        row["engine_id"] = engine_id
+        self._log_rows(row, result, engine_id)
+        carried = self.log_ctx.carry
+        return sum(len(t.encode()) + 1 for _, t in carried), len(carried)
+
+    def _log_rows(self, row: dict, result: vllm_log.LogResult, engine_id: str) -> None:
+        sid = row["source_id"]
+        if result.events:
+            events = pa.Table.from_pylist(
+                [{**e, "engine_id": engine_id, "source_id": sid} for e in result.events]
+            )
+            self._add(row, "log_events", _with_day(events, "ts"))
+        if result.intervals:
+            rows = vllm_log.intervals_with_starts(result.intervals)
+            table = pa.Table.from_pylist(
+                [{**r, "engine_id": engine_id, "source_kind": "log", "source_id": sid} for r in rows]
+            )
+            self._add(row, "intervals", _with_day(table, "end_ts"))
+        facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
+        if facts:
+            engine = {
+                **facts,
+                "engine_id": engine_id,
+                "source_kind": "log",
+                "source_id": sid,
+                "line_number": 0,
+            }
+            self._add(row, "engines", _with_day(pa.Table.from_pylist([engine]), "ts"))
+        self._reject(row, result.rejects)
+
+    def _model_config(self, row: dict, lines: list[bytes]) -> None:
+        # A config is small: its lines arrive in one chunk (or a few; collect them).
+        self._config_bytes = getattr(self, "_config_bytes", b"") + b"\n".join(lines) + b"\n"
+        try:
+            config = json.loads(self._config_bytes)
+        except (ValueError, UnicodeDecodeError) as exc:
+            if lines:
+                row["_config_error"] = str(exc)
+            return
+        row.pop("_config_error", None)
+        name = config.get("_name_or_path") or (
+            self.path.parent.name if self.path.name == "config.json" else self.path.stem
+        )
+        arch = (config.get("architectures") or [config.get("model_type")])[0]
+        table = pa.table(
+            {
+                "model": [str(name)],
+                "architecture": [arch],
+                "config": [json.dumps(config)],
+                "ingested_at": [time.time()],
+                "source_id": [row["source_id"]],
+                "line_number": [1],
+            }
+        )
+        self._add(row, "models", table)
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _decode_lines(lines: list[bytes], first_line: int) -> tuple[list[str], list[dict]]:
+    """Text of each line; undecodable lines become rejects and empty text (numbering kept)."""
+    try:
+        return b"\n".join(lines).decode("utf-8").split("\n"), []
+    except UnicodeDecodeError:
+        texts, bad = [], []
+        for i, raw in enumerate(lines):
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append("")
+                bad.append({"line_number": first_line + i, "reason": "invalid UTF-8",
+                            "raw": raw[:vllm_log.RAW_LIMIT].decode("utf-8", "backslashreplace")})  # fmt: skip
+        return texts, bad
+
+
+def _folder_engine_id(path: Path) -> str:
+    """Without a NIXL engine id in the log, the instance is named by its folder."""
+    return path.parent.name or path.stem
+
+
+def _with_day(table: pa.Table, ts_column: str) -> pa.Table:
+    ts = table[ts_column].cast(pa.float64())
+    millis = pc.cast(pc.multiply(ts, 1000.0), pa.int64(), safe=False)
+    day = pc.cast(pc.cast(millis, pa.timestamp("ms", tz="UTC")), pa.date32())
+    return table.append_column("day", day) if "day" not in table.column_names else table
+
+
+def ingest(
+    paths: Iterable[str | Path],
+    store_root: str | Path,
+    *,
+    progress: bool = False,
+    year: int | None = None,
+    tz: str = "UTC",
+) -> IngestSummary:
+    """Ingest every object under ``paths`` into the store at ``store_root``."""
+    try:
+        from zoneinfo import ZoneInfo
+
+        ZoneInfo(tz)
+    except Exception as exc:
+        raise UsageError(f"--tz: unknown time zone {tz!r}") from exc
+    started = time.monotonic()
+    store = Store(store_root)
+    store.init()
+    recovered = store.recover()
+    run = _Ingest(store, IngestOptions(year=year, tz=tz, progress=progress))
+    run.summary.recovered_files = recovered
+    for path in _walk(paths):
+        run.object(path)
+    run.maybe_commit(force=True)
     if progress:
         print(file=sys.stderr)
-    summary.seconds = time.monotonic() - started
-    return summary
+    run.summary.seconds = time.monotonic() - started
+    return run.summary
 
 
 def _previous_reads(store: Store) -> dict[str, dict]:
-    """The latest successful read of each object, by uri."""
+    """The latest read of each object, by uri."""
     latest: dict[str, dict] = {}
     for row in store.sources_frame().to_pylist():
-        if row["status"] not in ("ok", "empty", "unrecognised"):
+        if row["status"] == "error":
             continue
         current = latest.get(row["uri"])
-        if current is None or (row["end_offset"] or 0) >= (current["end_offset"] or 0):
+        if current is None or (row["ingested_at"], row["end_offset"] or 0) >= (
+            current["ingested_at"],
+            current["end_offset"] or 0,
+        ):
             latest[row["uri"]] = row
     return latest
-
-
-def _ingest_object(
-    con: duckdb.DuckDBPyConnection,
-    batch: _Batch,
-    path: Path,
-    uri: str,
-    size: int,
-    mtime: float,
-    fingerprint: str,
-    start: int,
-    first_line: int,
-    continued_format: str | None,
-    summary: IngestSummary,
-) -> None:
-    now = time.time()
-    source_id = _source_id(uri, size, mtime, start)
-    row: dict = {
-        "source_id": source_id,
-        "batch_id": batch.id,
-        "uri": uri,
-        "size_bytes": size,
-        "mtime": mtime,
-        "etag": fingerprint,
-        "start_offset": start,
-        "end_offset": start,
-        "end_line": first_line - 1,
-        "lines": 0,
-        "rows": "{}",
-        "rejects": 0,
-        "duplicates": 0,
-        "status": "ok",
-        "message": None,
-        "ingested_at": now,
-        "schema_version": SCHEMA_VERSION,
-    }
-    try:
-        data, compressed = _read_body(path, start)
-    except OSError as exc:
-        row.update(status="error", message=f"cannot read: {exc}", format="unknown")
-        batch.sources.append(row)
-        return
-    summary.objects_read += 1
-    summary.bytes_read += len(data)
-    # An appended read continues in the format its first read detected.
-    fmt = continued_format or detect_format(data[:HEAD_BYTES], path.name)
-    row["format"] = fmt
-    summary.by_format[fmt] = summary.by_format.get(fmt, 0) + 1
-    if not data.strip():
-        row.update(status="empty", end_offset=size if not compressed else 0)
-        batch.sources.append(row)
-        return
-    counts: dict[str, int] = {}
-    if fmt == "connector_trace":
-        lines, consumed = _complete_lines(data, is_final=compressed)
-        tables, rejects = parse_trace(con, lines, first_line, source_id)
-        for name, table in tables.items():
-            counts[name] = table.num_rows
-            batch.add(name, table)
-        batch.add("rejects", _reject_rows(rejects, source_id, uri, fmt, now))
-        row.update(
-            lines=len(lines),
-            end_line=first_line - 1 + len(lines),
-            end_offset=start + consumed if not compressed else size,
-            rejects=rejects.num_rows,
-        )
-        summary.rejects += rejects.num_rows
-    elif fmt == "model_config":
-        try:
-            config = json.loads(data)
-            name = config.get("_name_or_path") or (
-                path.parent.name if path.name == "config.json" else path.stem
-            )
-            arch = (config.get("architectures") or [config.get("model_type")])[0]
-            batch.add(
-                "models",
-                pa.table(
-                    {
-                        "model": [str(name)],
-                        "architecture": [arch],
-                        "config": [json.dumps(config)],
-                        "ingested_at": [now],
-                        "source_id": [source_id],
-                        "line_number": [1],
-                    }
-                ),
-            )
-            counts["models"] = 1
-            row.update(end_offset=size, lines=data.count(b"\n"), end_line=data.count(b"\n"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            reject = pa.table({"line_number": [0], "reason": [f"config.json unreadable: {exc}"], "raw": [""]})
-            batch.add("rejects", _reject_rows(reject, source_id, uri, fmt, now))
-            row.update(status="error", message=str(exc), rejects=1)
-            summary.rejects += 1
-    else:
-        # Recognised but not parsed yet (vLLM logs, Prometheus), or not telemetry at all:
-        # counted in the manifest, never an error.
-        row.update(
-            status="unrecognised" if fmt == "unknown" else "ok",
-            message=None if fmt == "unknown" else f"no {fmt} ingester in this version",
-            end_offset=size,
-        )
-    row["rows"] = json.dumps(counts)
-    batch.sources.append(row)
 
 
 def _commit(con: duckdb.DuckDBPyConnection, store: Store, batch: _Batch, summary: IngestSummary) -> None:
     tables: dict[str, pa.Table] = {}
     duplicates_by_source: dict[str, int] = {}
+    for row in batch.sources:
+        error = row.pop("_config_error", None)
+        if error:
+            reject = {"line_number": 0, "reason": f"config.json unreadable: {error}", "raw": ""}
+            batch.add(
+                "rejects", _reject_rows([reject], row["source_id"], row["uri"], "model_config", time.time())
+            )
+            row.update(status="error", message=error, rejects=row["rejects"] + 1)
+            summary.rejects += 1
     for name, parts in batch.tables.items():
         data = concat(parts, table_schema(name))
-        if name in ("transfers", "requests", "engines", "models") and data.num_rows:
+        if name in DEDUPED and data.num_rows:
             kept, dropped = dedupe(con, store, name, data)
             if dropped:
-                kept_ids = pc.value_counts(kept["source_id"]).to_pylist() if kept.num_rows else []
-                all_ids = pc.value_counts(data["source_id"]).to_pylist()
-                kept_map = {d["values"]: d["counts"] for d in kept_ids}
-                for item in all_ids:
+                kept_map = {d["values"]: d["counts"] for d in pc.value_counts(kept["source_id"]).to_pylist()}
+                for item in pc.value_counts(data["source_id"]).to_pylist():
                     lost = item["counts"] - kept_map.get(item["values"], 0)
                     if lost:
                         duplicates_by_source[item["values"]] = (

@@ -1,0 +1,455 @@
+"""vLLM server logs → ``intervals``, ``log_events`` and ``engines`` rows.
+
+Most lines of a vLLM log are of no interest, so the work is split: one vectorised pass
+(polars) reads every line's header, groups multi-line messages into events and keeps
+only the events worth a look (WARNING or worse, or a message hybridtrace recognises);
+those few are then parsed one by one.
+
+Line shape: ``[(Name pid=N) ]LEVEL MM-DD HH:MM:SS [file:line] message`` — the process
+prefix and ANSI colour optional, the opening ``[`` missing in older versions, and
+``\\r`` ending a line whose message continues on the next (vLLM repeats the prefix on
+every continuation line). Tracebacks printed without a header attach to the event
+before them. The stamp has no year: it comes from ``--year`` or from the object's
+modification time, with a December→January rollover counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import polars as pl
+
+MESSAGE_LIMIT = 4096
+RAW_LIMIT = 512
+
+_ANSI = r"\x1b\[[0-9;]*m"
+_HEADER = (
+    r"^(?:(?P<wrap>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?)(?: \| | ))?"
+    r"(?:\((?P<process>[A-Za-z][\w]*(?: rank=\d+)?) pid=(?P<pid>\d+)\) )?"
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
+    r"\[?(?P<file>[^\s:\]]+):(?P<lineno>\d+)\] ?(?P<msg>.*)$"
+)
+_PROCESS_PREFIX = (
+    r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
+    r"(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\) )?"
+)
+_TRACEBACK_LIKE = (
+    r"^(?:\s|Traceback |[\w.]+(?:Error|Exception|Interrupt|Exit)\b|During handling|The above exception)"
+)
+
+# Messages worth parsing even at INFO level.
+INTERESTING = (
+    "KV Transfer metrics:",
+    "Engine ",
+    "Engines Aggregated:",
+    "Setting attention block size to",
+    "Padding mamba page size by",
+    "padding layers, may waste",
+    "GPU KV cache size:",
+    "Maximum concurrency for",
+    "# GPU blocks:",
+    "Hybrid SSM registration:",
+    "Registering KV_Caches.",
+    "Detected kv cache layout",
+    "Initializing NIXL worker",
+    "Initializing NIXL Scheduler",
+    "NIXL compatibility check passed",
+    "NIXL compatibility hash mismatch",
+    "Releasing expired KV blocks",
+    "Potentially invalid KV blocks",
+    "Declining expired remote read",
+    "NIXL transfer failure:",
+    "KV load failure",
+    "Skipping KV post-processing",
+)
+
+_KV_KEYS = {
+    "Num successful transfers": ("transfers", 1.0),
+    "Avg xfer time (ms)": ("avg_xfer_s", 1e-3),
+    "P90 xfer time (ms)": ("p90_xfer_s", 1e-3),
+    "Avg post time (ms)": ("avg_post_s", 1e-3),
+    "P90 post time (ms)": ("p90_post_s", 1e-3),
+    "Avg MB per transfer": ("avg_mib_per_transfer", 1.0),
+    "Throughput (MB/s)": ("throughput_mib_s", 1.0),
+    "Avg number of descriptors": ("avg_descriptors", 1.0),
+    "Num failed transfers": ("failed_transfers", 1.0),
+    "Num KV expired reqs": ("expired_requests", 1.0),
+}
+_ENGINE_ID = re.compile(r"Initializing NIXL (?:worker|Scheduler) (\S+)")
+_EXPIRED = re.compile(
+    r"Releasing expired KV blocks for request (\S+) which were retrieved by (\d+) (decode|remote) worker\(s\)"
+    r"(?: within (\d+) seconds| before lease expired)"
+)
+_UNRECOGNISED_READ = re.compile(
+    r"Potentially invalid KV blocks for unrecognized request (\S+) were retrieved"
+)
+_DECLINED = re.compile(r"Declining expired remote read for (\S+) from engine (\S+?)\.?$")
+_FAILURE = re.compile(r"NIXL transfer failure: (.*?) \| Context: (\{.*\})", re.S)
+_LOAD_FAILED = re.compile(
+    r"Failing (\d+) request\(s\) due to KV load failure \(failure_policy=(\w+), (\d+) tokens affected\)\. "
+    r"Request IDs: (.*)$",
+    re.S,
+)
+_LOAD_RECOVERED = re.compile(
+    r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)"
+)
+_POST_SKIPPED = re.compile(r"Skipping KV post-processing for failed request (\S+)")
+_HASH_MISMATCH = re.compile(r"NIXL compatibility hash mismatch\. Local: ([^,\s]+),? Remote: (\S+)")
+_HASH_OK = re.compile(r"NIXL compatibility check passed \(hash: (\w+)\)")
+_ENGINE_STATS = re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated): (.*)$")
+_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
+_PADDING = re.compile(r"Padding mamba page size by ([\d.]+)%")
+_PAD_LAYERS = re.compile(r"Add (\d+) padding layers, may waste at most ([\d.]+)%")
+_KV_SIZE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x")
+_SSM_REG = re.compile(r"Hybrid SSM registration:.*?mamba_ssm_size=\((\d+),\s*(\d+)\)")
+_REGISTER = re.compile(
+    r"Registering KV_Caches\. use_mla: (\w+), kv_buffer_device: (\w+), use_host_buffer: (\w+)"
+)
+_LAYOUT = re.compile(r"Detected kv cache layout (\w+)")
+_RANK = re.compile(r"_TP(\d+)|rank=(\d+)")
+
+
+@dataclass
+class LogContext:
+    """What the parser needs to know about the object, and what it carries between chunks."""
+
+    uri: str
+    mtime: float
+    year: int | None = None
+    tz: str = "UTC"
+    engine_id: str | None = None  # from a previous read of this object
+    fallback_engine_id: str = "unknown"
+    carry: list[tuple[int, str]] = field(default_factory=list)  # lines of an unfinished event
+    last_month: int | None = None
+    year_offset: int = 0
+    base_year: int | None = None
+
+
+@dataclass
+class LogResult:
+    events: list[dict] = field(default_factory=list)
+    intervals: list[dict] = field(default_factory=list)
+    engine: dict = field(default_factory=dict)
+    rejects: list[dict] = field(default_factory=list)
+    lines: int = 0
+
+
+def looks_like_vllm_log(head: str) -> bool:
+    return bool(re.search(_HEADER, re.sub(_ANSI, "", head), re.M))
+
+
+def _events_frame(
+    numbers: list[int], lines: list[str], final: bool
+) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
+    """Group lines into events; return interesting events and the unfinished tail."""
+    frame = pl.DataFrame(
+        {"line_number": numbers, "raw": lines}, schema={"line_number": pl.Int64, "raw": pl.String}
+    )
+    frame = frame.with_columns(
+        pl.when(pl.col("raw").str.contains("\x1b", literal=True))
+        .then(pl.col("raw").str.replace_all(_ANSI, ""))
+        .otherwise(pl.col("raw"))
+        .str.strip_suffix("\r")
+        .alias("text"),
+        pl.col("raw").str.ends_with("\r").alias("ends_cr"),
+    )
+    frame = frame.with_columns(pl.col("text").str.extract_groups(_HEADER).alias("h")).unnest("h")
+    has_header = pl.col("level").is_not_null()
+    frame = frame.with_columns(
+        has_header.alias("has_header"),
+        pl.col("ends_cr").shift(1).fill_null(False).alias("prev_cr"),
+        (~has_header & pl.col("text").str.replace(_PROCESS_PREFIX, "").str.contains(_TRACEBACK_LIKE)).alias(
+            "tb"
+        ),
+    )
+    frame = frame.with_columns(
+        ((pl.col("has_header") & ~pl.col("prev_cr")) | (~pl.col("has_header") & ~pl.col("tb"))).alias(
+            "starts"
+        )
+    )
+    # A chunk starting mid-event (carried lines are prepended, so this only happens on
+    # the very first line of an object) starts a new event anyway.
+    frame = frame.with_columns(pl.col("starts").cum_sum().alias("event"))
+    carry: list[tuple[int, str]] = []
+    if not final and frame.height:
+        last = frame["event"][-1]
+        tail = frame.filter(pl.col("event") == last)
+        carry = list(zip(tail["line_number"].to_list(), tail["raw"].to_list(), strict=True))
+        frame = frame.filter(pl.col("event") != last)
+    part = (
+        pl.when(pl.col("has_header"))
+        .then(pl.col("msg"))
+        .otherwise(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
+    )
+    events = (
+        frame.with_columns(part.alias("part"))
+        .group_by("event", maintain_order=True)
+        .agg(
+            pl.col("line_number").first(),
+            pl.col("wrap").first(),
+            pl.col("process").first(),
+            pl.col("level").first(),
+            pl.col("md").first(),
+            pl.col("hms").first(),
+            pl.col("part").str.join("\n").alias("message"),
+            pl.col("text").first().alias("first_text"),
+        )
+        .filter(pl.col("level").is_not_null())
+    )
+    interesting = pl.col("level").is_in(["WARNING", "ERROR", "CRITICAL"]) | pl.col(
+        "message"
+    ).str.contains_any(list(INTERESTING))
+    return events.filter(interesting), carry
+
+
+def _epoch(ctx: LogContext, wrap: str | None, md: str, hms: str) -> float | None:
+    if wrap:
+        text = wrap.replace(" ", "T").rstrip("Z")
+        try:
+            return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            pass
+    month, day = int(md[:2]), int(md[3:])
+    if ctx.base_year is None:
+        if ctx.year is not None:
+            ctx.base_year = ctx.year
+        else:
+            modified = datetime.fromtimestamp(ctx.mtime, ZoneInfo(ctx.tz))
+            ctx.base_year = modified.year - (1 if (month, day) > (modified.month, modified.day) else 0)
+    if ctx.last_month is not None and month < ctx.last_month - 6:
+        ctx.year_offset += 1  # December → January
+    ctx.last_month = month
+    try:
+        local = datetime.fromisoformat(f"{ctx.base_year + ctx.year_offset:04d}-{md} {hms}")
+    except ValueError:
+        return None
+    return local.replace(tzinfo=ZoneInfo(ctx.tz)).timestamp()
+
+
+def _rank(process: str | None) -> int | None:
+    if not process:
+        return None
+    match = _RANK.search(process)
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_chunk(
+    ctx: LogContext, numbers: list[int], lines: list[str], final: bool, result: LogResult
+) -> None:
+    """Parse ``lines`` (with the carried tail of the previous chunk) into ``result``."""
+    if ctx.carry:
+        numbers = [n for n, _ in ctx.carry] + numbers
+        lines = [t for _, t in ctx.carry] + lines
+    events, ctx.carry = _events_frame(numbers, lines, final)
+    for event in events.iter_rows(named=True):
+        _parse_event(ctx, event, result)
+
+
+def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
+    message: str = event["message"] or ""
+    ts = _epoch(ctx, event["wrap"], event["md"], event["hms"])
+    process = event["process"]
+    base = {
+        "ts": ts,
+        "process": process,
+        "rank": _rank(process),
+        "level": event["level"],
+        "line_number": event["line_number"],
+        "request_id": None,
+        "remote_engine_id": None,
+        "details": None,
+        "event_hash": hashlib.sha1(
+            f"{process}|{event['level']}|{event['md']} {event['hms']}|{message}".encode()
+        ).hexdigest(),
+    }
+
+    def emit(kind: str, **extra: object) -> None:
+        row = {**base, "kind": kind, "message": message[:MESSAGE_LIMIT], **extra}
+        if isinstance(row["details"], dict):
+            row["details"] = json.dumps(row["details"], default=str)
+        result.events.append(row)
+
+    def reject(reason: str) -> None:
+        result.rejects.append(
+            {"line_number": event["line_number"], "reason": reason, "raw": event["first_text"][:RAW_LIMIT]}
+        )
+
+    engine = result.engine
+    if match := _ENGINE_ID.search(message):
+        engine.setdefault("engine_id", match.group(1))
+        engine.setdefault("ts", ts)
+        return
+    if message.startswith("KV Transfer metrics:"):
+        body = message[len("KV Transfer metrics:") :].strip()
+        values = _kv_pairs(body)
+        if values is None or "transfers" not in values:
+            reject("KV Transfer metrics line whose fields do not parse")
+            return
+        result.intervals.append(
+            {"end_ts": ts, "process": process, "line_number": event["line_number"], **values}
+        )
+        return
+    if match := _ENGINE_STATS.match(message):
+        stats = _engine_stats(match.group(3))
+        if stats is None:
+            reject("Engine throughput line whose fields do not parse")
+            return
+        stats["engine_index"] = int(match.group(1)) if match.group(1) else None
+        emit("engine_stats", details=stats)
+        return
+    for pattern, key, convert in (
+        (_BLOCK, "block_tokens", int),
+        (_PADDING, "mamba_padding_pct", float),
+        (_PAD_LAYERS, "padding_layers", int),
+        (_LAYOUT, "kv_layout", str),
+    ):
+        if match := pattern.search(message):
+            engine[key] = convert(match.group(1))
+            engine.setdefault("ts", ts)
+            if event["level"] in ("WARNING", "ERROR", "CRITICAL") and key != "padding_layers":
+                emit(event["level"].lower())
+            return
+    matched_size = False
+    if match := _KV_SIZE.search(message):
+        engine["kv_cache_tokens"] = int(_number(match.group(1)))
+        matched_size = True
+    if match := _CONCURRENCY.search(message):
+        engine["max_concurrency"] = _number(match.group(2))
+        matched_size = True
+    if matched_size:
+        engine.setdefault("ts", ts)
+        return
+    if match := _SSM_REG.search(message):
+        engine["conv_state_bytes"], engine["ssm_state_bytes"] = int(match.group(1)), int(match.group(2))
+        engine.setdefault("ts", ts)
+        return
+    if match := _REGISTER.search(message):
+        engine["kv_buffer_device"] = match.group(2)
+        engine["use_host_buffer"] = match.group(3) == "True"
+        engine.setdefault("ts", ts)
+        return
+    if match := _HASH_OK.search(message):
+        emit("handshake_ok", details={"hash": match.group(1)})
+        return
+    if match := _EXPIRED.search(message):
+        era = "abort_timeout" if match.group(4) else "lease"
+        details = {"workers_read": int(match.group(2)), "era": era}
+        if match.group(4):
+            details["timeout_s"] = int(match.group(4))
+        emit("kv_expired", request_id=match.group(1), details=details)
+        return
+    if match := _UNRECOGNISED_READ.search(message):
+        emit("kv_expired_read", request_id=match.group(1))
+        return
+    if match := _DECLINED.search(message):
+        emit("kv_expired_declined", request_id=match.group(1), remote_engine_id=match.group(2))
+        return
+    if match := _FAILURE.search(message):
+        context = _literal_dict(match.group(2))
+        if context is None:
+            reject("NIXL transfer failure whose context does not parse")
+            return
+        context["failure"] = match.group(1)
+        emit(
+            "transfer_failed",
+            request_id=context.get("request_id"),
+            remote_engine_id=context.get("remote_engine_id"),
+            details=context,
+        )
+        return
+    if match := _LOAD_FAILED.search(message):
+        ids = re.findall(r"[\w.:\-]+", match.group(4))
+        details = {"requests": int(match.group(1)), "policy": match.group(2), "tokens": int(match.group(3))}
+        for request_id in ids or [None]:
+            emit("kv_load_failed", request_id=request_id, details=details)
+        return
+    if match := _LOAD_RECOVERED.search(message):
+        emit("kv_load_recovered", details={"requests": int(match.group(1)), "tokens": int(match.group(2))})
+        return
+    if match := _POST_SKIPPED.search(message):
+        emit("kv_post_skipped", request_id=match.group(1))
+        return
+    if match := _HASH_MISMATCH.search(message):
+        emit("handshake_mismatch", details={"local_hash": match.group(1), "remote_hash": match.group(2)})
+        return
+    if event["level"] in ("WARNING", "ERROR", "CRITICAL"):
+        emit(event["level"].lower())
+
+
+def _kv_pairs(body: str) -> dict | None:
+    """``k=v, k=v`` pairs of the standard line, or the dict of a MultiConnector line."""
+    pairs: dict[str, str] = {}
+    if re.match(r"^[\w.\-]+=\{", body):  # MultiConnector: <connector>={...}
+        inner = _literal_dict(body.split("=", 1)[1])
+        if inner is None:
+            return None
+        pairs = {str(k): str(v) for k, v in inner.items()}
+    else:
+        for item in body.split(", "):
+            if "=" not in item:
+                return None
+            key, _, value = item.rpartition("=")
+            pairs[key.strip()] = value.strip()
+    values: dict[str, float | int] = {}
+    for key, raw in pairs.items():
+        if key not in _KV_KEYS:
+            continue
+        column, scale = _KV_KEYS[key]
+        try:
+            number = float(raw)
+        except ValueError:
+            return None
+        values[column] = (
+            int(number) if column in ("transfers", "failed_transfers", "expired_requests") else number * scale
+        )
+    return values
+
+
+def _engine_stats(body: str) -> dict | None:
+    stats: dict[str, float] = {}
+    for item in body.split(", "):
+        key, sep, value = item.partition(": ")
+        if not sep:
+            continue
+        number = re.match(r"([\d.]+)", value.strip())
+        if number:
+            name = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
+            unit = "tokens_s" if "tokens/s" in value else ("pct" if value.strip().endswith("%") else "")
+            stats[f"{name}_{unit}".rstrip("_")] = float(number.group(1))
+    return stats or None
+
+
+def _literal_dict(text: str) -> dict | None:
+    """A Python dict repr parsed safely (literals only, never code)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def finish(ctx: LogContext, result: LogResult) -> str:
+    """The engine id every row of this object belongs to."""
+    return result.engine.get("engine_id") or ctx.engine_id or ctx.fallback_engine_id
+
+
+def intervals_with_starts(rows: list[dict]) -> list[dict]:
+    """Each interval starts where the previous line of the same process ended."""
+    previous: dict[str | None, float | None] = {}
+    for row in sorted(rows, key=lambda r: (r["end_ts"] is None, r["end_ts"] or 0)):
+        row["start_ts"] = previous.get(row["process"])
+        previous[row["process"]] = row["end_ts"]
+    return rows
