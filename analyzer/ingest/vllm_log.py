@@ -278,6 +278,8 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
 
     def emit(kind: str, **extra: object) -> None:
         row = {**base, "kind": kind, "message": message[:MESSAGE_LIMIT], **extra}
+        if row["request_id"]:  # one line can name several requests: one event each
+            row["event_hash"] = hashlib.sha1(f"{row['event_hash']}|{row['request_id']}".encode()).hexdigest()
         if isinstance(row["details"], dict):
             row["details"] = json.dumps(row["details"], default=str)
         result.events.append(row)

@@ -1,0 +1,171 @@
+"""vLLM server logs: every recognised line shape, both eras, colour, gz, tracebacks, years."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from loggen import ENGINE_ID, REMOTE_ID, decode_log, prefill_log, vllm_line
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.store import Store
+
+
+def write(path: Path, text: str, *, mtime: datetime | None = None, gz: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    stamp = (mtime or datetime(2026, 4, 22, tzinfo=UTC)).timestamp()
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def rows(store: Path, sql: str) -> list[tuple]:
+    return Store(store).connect().sql(sql).fetchall()
+
+
+@pytest.mark.parametrize("colour", [False, True])
+def test_decode_log_lines(tmp_path, colour):
+    write(tmp_path / "in" / "decode-a" / "vllm.log", decode_log(colour=colour))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    s = tmp_path / "s"
+    # KV Transfer metrics → intervals, MiB and seconds as vLLM means them
+    intervals = rows(s, "SELECT engine_id, transfers, avg_xfer_s, avg_mib_per_transfer, avg_descriptors, "
+                        "start_ts, end_ts FROM intervals ORDER BY end_ts")  # fmt: skip
+    assert len(intervals) == 2
+    first, second = intervals
+    assert first[:5] == (ENGINE_ID, 24, pytest.approx(0.0124), 55.922, 2496.0)
+    assert first[6] == datetime(2026, 4, 21, 10, 5, 21, tzinfo=UTC).timestamp()
+    assert second[1] == 0 and second[5] == first[6]  # the next interval starts where this one ended
+    # facts about the instance → one engines row
+    engine = rows(s, "SELECT engine_id, block_tokens, mamba_padding_pct, padding_layers, kv_cache_tokens, "
+                     "max_concurrency, conv_state_bytes, ssm_state_bytes, kv_buffer_device, use_host_buffer, "
+                     "kv_layout, source_kind FROM engines")  # fmt: skip
+    assert engine == [(ENGINE_ID, 400, 1.78, 1, 4543600, 454.36, 18432, 786432, "cpu", True, "HND", "log")]
+    events = rows(
+        s, "SELECT kind, request_id, remote_engine_id, rank, level FROM log_events ORDER BY ts, kind"
+    )
+    kinds = [e[0] for e in events]
+    assert kinds == [
+        "handshake_ok",
+        "engine_stats",
+        "engine_stats",
+        "transfer_failed",
+        "kv_load_failed",
+        "kv_load_failed",
+        "kv_load_recovered",
+        "kv_expired_declined",
+        "warning",
+    ]
+    failed = events[3]
+    assert failed[1:] == ("cmpl-7f2d-0-5e9a0c21", REMOTE_ID, 0, "ERROR")
+    assert {e[1] for e in events if e[0] == "kv_load_failed"} == {"cmpl-a-0", "cmpl-b-0"}
+    assert events[7][1:3] == ("cmpl-z-0", "p-engine-7")
+    # the failure's context dict is parsed (safely) and its traceback kept in the message
+    details, message = rows(s, "SELECT details, message FROM log_events WHERE kind = 'transfer_failed'")[0]
+    details = json.loads(details)
+    assert details["num_local_blocks"] == 12 and details["xfer_state"] == "ERR"
+    assert "RuntimeError: transfer failed" in message and "Traceback" in message
+    stats = json.loads(
+        rows(s, "SELECT details FROM log_events WHERE kind = 'engine_stats' ORDER BY ts")[0][0]
+    )
+    assert stats["avg_prompt_throughput_tokens_s"] == 1520.5 and stats["engine_index"] == 0
+    # the INFO line of no interest is not kept; nothing was rejected
+    assert rows(s, "SELECT count(*) FROM log_events WHERE message LIKE '%no interest%'") == [(0,)]
+    assert rows(s, "SELECT count(*) FROM rejects") == [(0,)]
+
+
+@pytest.mark.parametrize(("era", "timeout"), [("abort", 480), ("lease", None)])
+def test_prefill_expiry_both_eras_and_handshake_mismatch(tmp_path, era, timeout):
+    write(tmp_path / "in" / "prefill-a" / "vllm.log.1.gz", prefill_log(era=era), gz=True)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, request_id, details, engine_id FROM log_events ORDER BY ts")
+    assert [e[0] for e in events] == ["kv_expired", "kv_expired_read", "handshake_mismatch"]
+    details = json.loads(events[0][2])
+    assert details["era"] == ("abort_timeout" if era == "abort" else "lease")
+    assert details.get("timeout_s") == timeout and details["workers_read"] == 0
+    assert events[0][1] == "cmpl-0c5e-0-1b8f" and events[0][3] == REMOTE_ID
+    assert json.loads(events[2][2]) == {"local_hash": "abc123", "remote_hash": "def456"}
+
+
+def test_year_from_mtime_with_rollover_and_explicit_year(tmp_path):
+    text = vllm_line("first", level="WARNING", stamp="12-31 23:59:50") + "\n"
+    text += vllm_line("second", level="WARNING", stamp="01-01 00:00:10") + "\n"
+    write(tmp_path / "in" / "a" / "vllm.log", text, mtime=datetime(2027, 1, 1, 1, tzinfo=UTC))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    stamps = [r[0] for r in rows(tmp_path / "s", "SELECT ts FROM log_events ORDER BY line_number")]
+    assert stamps == [datetime(2026, 12, 31, 23, 59, 50, tzinfo=UTC).timestamp(),
+                      datetime(2027, 1, 1, 0, 0, 10, tzinfo=UTC).timestamp()]  # fmt: skip
+    ingest([tmp_path / "in"], tmp_path / "s2", year=2024, tz="Europe/Paris")
+    stamps = [r[0] for r in rows(tmp_path / "s2", "SELECT ts FROM log_events ORDER BY line_number")]
+    # 23:59:50 in Paris (UTC+1 in winter) is 22:59:50 UTC; the rollover makes the second line 2025
+    assert stamps[0] == datetime(2024, 12, 31, 22, 59, 50, tzinfo=UTC).timestamp()
+    assert stamps[1] == datetime(2024, 12, 31, 23, 0, 10, tzinfo=UTC).timestamp()
+
+
+def test_raw_traceback_lines_attach_to_the_error(tmp_path):
+    text = "\n".join(
+        [
+            vllm_line("Worker failed", level="ERROR", stamp="04-21 10:00:00"),
+            "(Worker_TP0 pid=305) Traceback (most recent call last):",
+            '(Worker_TP0 pid=305)   File "a.py", line 3, in f',
+            "(Worker_TP0 pid=305) ValueError: boom",
+            "(Worker_TP0 pid=305) some unrelated print",
+            vllm_line("after", level="WARNING", stamp="04-21 10:00:01"),
+        ]
+    )
+    write(tmp_path / "in" / "a" / "vllm.log", text + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, message FROM log_events ORDER BY line_number")
+    assert [e[0] for e in events] == ["error", "warning"]
+    assert events[0][1].endswith("ValueError: boom") and "unrelated" not in events[0][1]
+
+
+def test_old_prefixless_shape_and_k8s_wrapper(tmp_path):
+    text = "\n".join(
+        [
+            "WARNING 07-10 11:40:38 loggers.py:78] old shape, no bracket, no process",
+            "2026-05-01T22:45:49.213Z " + vllm_line("wrapped", level="ERROR", stamp="05-01 22:45:49"),
+        ]
+    )
+    write(tmp_path / "in" / "x" / "vllm.log", text + "\n", mtime=datetime(2026, 8, 1, tzinfo=UTC))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, ts, process, engine_id FROM log_events ORDER BY line_number")
+    assert events[0][0] == "warning" and events[0][2] is None
+    assert events[0][1] == datetime(2026, 7, 10, 11, 40, 38, tzinfo=UTC).timestamp()
+    assert events[1][1] == pytest.approx(datetime(2026, 5, 1, 22, 45, 49, 213000, tzinfo=UTC).timestamp())
+    assert events[0][3] == "x"  # no NIXL engine id in the log: the folder names the instance
+
+
+def test_rotated_gzip_copy_and_growing_log(tmp_path):
+    log = write(tmp_path / "in" / "d" / "vllm.log", decode_log())
+    ingest([tmp_path / "in"], tmp_path / "s")
+    before = rows(tmp_path / "s", "SELECT count(*) FROM log_events")[0][0]
+    write(tmp_path / "in" / "d" / "vllm.log.1.gz", log.read_bytes().decode(), gz=True)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.duplicates > 0
+    assert rows(tmp_path / "s", "SELECT count(*) FROM log_events")[0][0] == before
+    assert rows(tmp_path / "s", "SELECT count(*) FROM intervals")[0][0] == 2
+    with open(log, "a") as handle:
+        handle.write(vllm_line("late warning", level="WARNING", stamp="04-21 11:00:00") + "\n")
+    os.utime(log, (datetime(2026, 4, 22, 1, tzinfo=UTC).timestamp(),) * 2)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.rows["log_events"] == 1 and summary.duplicates == 0
+    # the appended read still knows the engine from the first read
+    assert rows(tmp_path / "s", "SELECT engine_id FROM log_events WHERE message = 'late warning'") == [
+        (ENGINE_ID,)
+    ]
+
+
+def test_unparseable_recognised_line_is_a_reject(tmp_path):
+    path = tmp_path / "in" / "a" / "vllm.log"
+    path.parent.mkdir(parents=True)
+    bad_metrics = vllm_line("KV Transfer metrics: Num successful transfers=lots", process="APIServer pid=1")
+    path.write_bytes(bad_metrics.encode() + b"\n\xff\xfe bad bytes\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    rejects = rows(tmp_path / "s", "SELECT line_number, reason FROM rejects ORDER BY line_number")
+    assert rejects == [(1, "KV Transfer metrics line whose fields do not parse"), (2, "invalid UTF-8")]
