@@ -58,6 +58,7 @@ class TableSchema:
     columns: tuple[Column, ...]
     key: tuple[str, ...]
     partition: tuple[str, ...]
+    view: str  # name of the DuckDB view over the table's Parquet files
 
     @property
     def column_names(self) -> list[str]:
@@ -82,7 +83,17 @@ class TableSchema:
         return f"SELECT {cols} WHERE false"
 
 
-TABLES = ("transfers", "requests", "engines", "intervals", "log_events", "rejects", "sources", "models")
+TABLES = (
+    "transfers",
+    "requests",
+    "engines",
+    "intervals",
+    "log_events",
+    "rejects",
+    "sources",
+    "models",
+    "prom_samples",
+)
 
 
 @cache
@@ -99,6 +110,7 @@ def table_schema(name: str) -> TableSchema:
         columns=columns,
         key=tuple(raw.get("key", ())),
         partition=tuple(raw.get("partition", ())),
+        view=raw.get("view", raw["name"]),
     )
 
 

@@ -167,11 +167,11 @@ class Store:
                 listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
                 columns = ", ".join(schema.column_names)
                 con.execute(
-                    f"CREATE VIEW {name} AS SELECT {columns} FROM "
+                    f"CREATE VIEW {schema.view} AS SELECT {columns} FROM "
                     f"read_parquet([{listing}], union_by_name = true, hive_partitioning = false)"
                 )
             else:
-                con.execute(f"CREATE VIEW {name} AS {schema.empty_select()}")
+                con.execute(f"CREATE VIEW {schema.view} AS {schema.empty_select()}")
         if with_queries:
             from hybridtrace.queries_loader import install_views
 

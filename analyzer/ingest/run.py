@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.errors import UsageError
-from hybridtrace.ingest import vllm_log
+from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
 from hybridtrace.ingest.trace import parse_trace
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
@@ -43,8 +43,17 @@ BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "1000000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
 # A last line without a newline in a file modified this recently may still be written.
 QUIET_SECONDS = 60.0
-DATA_TABLES = ("transfers", "requests", "engines", "models", "intervals", "log_events", "rejects")
-DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events")
+DATA_TABLES = (
+    "transfers",
+    "requests",
+    "engines",
+    "models",
+    "intervals",
+    "log_events",
+    "prom_samples",
+    "rejects",
+)
+DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples")
 
 
 @dataclass
@@ -297,12 +306,8 @@ class _ObjectReader:
                 row = self._new_row(row["end_offset"], row["end_line"] + 1)
         if self.fmt in (None, "empty"):
             row.update(status="empty", format="empty")
-        elif self.fmt in ("unknown", "prometheus"):
-            unknown = self.fmt == "unknown"
-            row.update(
-                status="unrecognised" if unknown else "ok",
-                message=None if unknown else f"no {self.fmt} ingester in this version",
-            )
+        elif self.fmt == "unknown":
+            row.update(status="unrecognised")
         self._close_row(row)
 
     def _new_row(self, offset: int, line: int) -> dict:
@@ -342,7 +347,20 @@ class _ObjectReader:
             return self._parse_log(row, lines, first_line, final)
         if self.fmt == "model_config":
             self._model_config(row, lines)
+        if self.fmt == "prometheus" and lines:
+            self._prometheus(row, lines, first_line)
         return 0, 0
+
+    def _prometheus(self, row: dict, lines: list[bytes], first_line: int) -> None:
+        texts, bad = _decode_lines(lines, first_line)
+        samples, rejects = prometheus.parse_snapshot(texts, first_line, self.path.name, self.mtime)
+        self._reject(row, bad + rejects)
+        if samples:
+            instance = _folder_engine_id(self.path)
+            table = pa.Table.from_pylist(
+                [{**s, "instance": instance, "source_id": row["source_id"]} for s in samples]
+            )
+            self._add(row, "prom_samples", _with_day(table, "ts"))
 
     def _parse_log(self, row: dict, lines: list[bytes], first_line: int, final: bool) -> tuple[int, int]:
         if self.log_ctx is None:

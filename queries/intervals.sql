@@ -1,0 +1,102 @@
+-- intervals: one row per `KV Transfer metrics` log line or per Prometheus scrape delta.
+--
+-- Log rows come as parsed (_intervals_log). Scrape rows are differences between two
+-- consecutive scrapes of the same series: vLLM's NIXL histograms and counters are
+-- cumulative, so an interval's transfers are the growth of `_count`, its bytes the
+-- growth of `vllm:nixl_bytes_transferred_sum`, and so on. A value lower than the one
+-- before means the process restarted (a counter reset): the new value is the delta.
+-- The first scrape of a series has nothing to subtract from and yields no row.
+--
+-- Columns (as documented in docs/tables.md for `intervals`):
+--   start_ts, end_ts       the interval (previous scrape or log line → this one), epoch s
+--   engine_id              engine, resolved through _instance_engines for scrapes
+--   source_kind            'log' or 'prometheus'
+--   process                logging process, or 'engine=<index>' for scrapes
+--   transfers              successful rank-level transfers completed in the interval
+--   avg_xfer_s, avg_post_s mean transfer and post time (ratio of sums for scrapes)
+--   p90_xfer_s, p90_post_s 90th percentile; for scrapes the upper bound of the histogram
+--                          bucket that holds it (buckets cannot say more)
+--   avg_mib_per_transfer   MiB per transfer (vLLM's "MB")
+--   throughput_mib_s       MiB over summed transfer time (vLLM's "MB/s")
+--   avg_descriptors        descriptors per transfer
+--   transported_bytes      exact bytes of the interval (scrapes only; logs print rounded MiB)
+--   failed_transfers       failed transfers in the interval (scrapes; logs when printed)
+--   expired_requests       KV-expired requests in the interval (scrapes; logs when printed)
+CREATE OR REPLACE VIEW _prom_deltas AS
+SELECT
+    instance, engine_label, model_name, metric, labels, le, ts,
+    lag(ts) OVER w AS prev_ts,
+    CASE
+        WHEN lag(value) OVER w IS NULL THEN NULL
+        WHEN value < lag(value) OVER w THEN value
+        ELSE value - lag(value) OVER w
+    END AS delta,
+    source_id, line_number, day
+FROM prom_samples
+WHERE metric LIKE 'vllm:nixl_%'
+WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts);
+
+CREATE OR REPLACE VIEW _prom_p90 AS
+SELECT
+    d.instance, d.engine_label, d.model_name, d.ts,
+    regexp_replace(d.metric, '_bucket$', '') AS family,
+    min(d.le) FILTER (WHERE d.delta >= 0.9 * c.delta AND c.delta > 0) AS p90_upper
+FROM _prom_deltas d
+JOIN _prom_deltas c
+  ON c.instance = d.instance AND c.labels = d.labels AND c.ts = d.ts
+ AND c.metric = regexp_replace(d.metric, '_bucket$', '_count') AND c.le IS NULL
+WHERE d.le IS NOT NULL AND d.delta IS NOT NULL
+GROUP BY ALL;
+
+CREATE OR REPLACE VIEW _prom_intervals AS
+WITH per_scrape AS (
+    SELECT
+        instance, engine_label, model_name, ts,
+        any_value(prev_ts) AS prev_ts,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_xfer_time_seconds_count') AS n,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_xfer_time_seconds_sum') AS xfer_sum,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_post_time_seconds_sum') AS post_sum,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_bytes_transferred_sum') AS bytes_sum,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_descriptors_sum') AS desc_sum,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_failed_transfers_total') AS failed,
+        sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_kv_expired_reqs_total') AS expired,
+        any_value(source_id) AS source_id,
+        min(line_number) AS line_number,
+        any_value(day) AS day
+    FROM _prom_deltas
+    WHERE le IS NULL AND delta IS NOT NULL
+    GROUP BY instance, engine_label, model_name, ts
+)
+SELECT
+    s.prev_ts AS start_ts,
+    s.ts AS end_ts,
+    coalesce(e.engine_id, s.instance) AS engine_id,
+    'prometheus' AS source_kind,
+    'engine=' || coalesce(s.engine_label, '') AS process,
+    CAST(s.n AS BIGINT) AS transfers,
+    s.xfer_sum / nullif(s.n, 0) AS avg_xfer_s,
+    x.p90_upper AS p90_xfer_s,
+    s.post_sum / nullif(s.n, 0) AS avg_post_s,
+    p.p90_upper AS p90_post_s,
+    s.bytes_sum / 1048576.0 / nullif(s.n, 0) AS avg_mib_per_transfer,
+    s.bytes_sum / 1048576.0 / nullif(s.xfer_sum, 0) AS throughput_mib_s,
+    s.desc_sum / nullif(s.n, 0) AS avg_descriptors,
+    CAST(s.bytes_sum AS BIGINT) AS transported_bytes,
+    CAST(s.failed AS BIGINT) AS failed_transfers,
+    CAST(s.expired AS BIGINT) AS expired_requests,
+    s.day,
+    s.source_id,
+    s.line_number
+FROM per_scrape s
+LEFT JOIN _instance_engines e ON e.instance = s.instance
+LEFT JOIN _prom_p90 x
+  ON x.instance = s.instance AND x.ts = s.ts AND x.engine_label IS NOT DISTINCT FROM s.engine_label
+ AND x.model_name IS NOT DISTINCT FROM s.model_name AND x.family = 'vllm:nixl_xfer_time_seconds'
+LEFT JOIN _prom_p90 p
+  ON p.instance = s.instance AND p.ts = s.ts AND p.engine_label IS NOT DISTINCT FROM s.engine_label
+ AND p.model_name IS NOT DISTINCT FROM s.model_name AND p.family = 'vllm:nixl_post_time_seconds';
+
+CREATE OR REPLACE VIEW intervals AS
+SELECT * FROM _intervals_log
+UNION ALL BY NAME
+SELECT * FROM _prom_intervals;

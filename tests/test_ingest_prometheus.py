@@ -1,0 +1,86 @@
+"""Prometheus scrapes: cumulative series become per-interval deltas, resets included."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from loggen import ENGINE_ID, vllm_line
+from promgen import scrape
+
+from hybridtrace.ingest.prometheus import time_from_name
+from hybridtrace.ingest.run import ingest
+from hybridtrace.store import Store
+
+T0 = datetime(2026, 4, 21, 10, 0, 0, tzinfo=UTC).timestamp()
+
+
+def put(path: Path, text: str, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (mtime, mtime))
+
+
+def rows(store: Path, sql: str) -> list[tuple]:
+    return Store(store).connect().sql(sql).fetchall()
+
+
+FIRST = [(0.004, 0.0008, 50_000_000, 120)] * 3
+SECOND = [*FIRST, (0.02, 0.002, 60_000_000, 150), (0.03, 0.004, 70_000_000, 180)]
+
+
+def test_deltas_between_scrapes_with_counter_reset(tmp_path):
+    folder = tmp_path / "in" / "decode-a"
+    put(folder / "vllm.log", vllm_line(f"Initializing NIXL worker {ENGINE_ID}") + "\n", T0)
+    put(folder / "metrics-20260421T100010Z.prom", scrape(FIRST), T0 + 100)
+    put(folder / "metrics-20260421T100020Z.prom", scrape(SECOND, failed=1), T0 + 100)
+    # the process restarted: counters start again from zero
+    put(folder / "metrics-20260421T100030Z.prom", scrape([(0.06, 0.001, 10_000_000, 40)]), T0 + 100)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.by_format["prometheus"] == 3
+    got = rows(
+        tmp_path / "s",
+        "SELECT start_ts, end_ts, engine_id, transfers, avg_xfer_s, p90_xfer_s, avg_post_s, transported_bytes, "
+        "avg_mib_per_transfer, avg_descriptors, failed_transfers FROM intervals "
+        "WHERE source_kind = 'prometheus' ORDER BY end_ts",
+    )
+    assert len(got) == 2  # the first scrape has nothing to subtract from
+    second, third = got
+    assert second[:4] == (T0 + 10, T0 + 20, ENGINE_ID, 2)
+    assert second[4] == pytest.approx((0.02 + 0.03) / 2)
+    assert second[5] == 0.05  # 90% of the interval's transfers fall at or below the 0.05 s bucket
+    assert second[6] == pytest.approx(0.003)
+    assert second[7] == 130_000_000
+    assert second[8] == pytest.approx(130_000_000 / 2**20 / 2)
+    assert second[9] == pytest.approx(165.0)
+    assert second[10] == 1
+    assert third[3] == 1 and third[7] == 10_000_000 and third[10] == 0  # reset: the new value is the delta
+
+
+def test_snapshot_time_sources(tmp_path):
+    assert time_from_name("metrics-20260421T100010Z.prom") == T0 + 10
+    assert time_from_name("scrape.1776765610.txt") == 1776765610.0
+    assert time_from_name("metrics.prom") is None
+    folder = tmp_path / "in" / "x"
+    stamp_ms = int((T0 + 5) * 1000)
+    put(folder / "a.prom", scrape(FIRST, timestamp_ms=stamp_ms), T0 + 999)
+    put(folder / "b.prom", scrape(FIRST), T0 + 777)  # no stamp anywhere: mtime
+    ingest([tmp_path / "in"], tmp_path / "s")
+    stamps = sorted({r[0] for r in rows(tmp_path / "s", "SELECT ts FROM prom_samples")})
+    assert stamps == [T0 + 5, T0 + 777]
+
+
+def test_bad_lines_are_rejects_and_rescrape_adds_nothing(tmp_path):
+    folder = tmp_path / "in" / "x"
+    body = scrape(FIRST) + 'vllm:nixl_num_failed_transfers_total{engine="0" 3\nthis is not a sample\n'
+    put(folder / "metrics-20260421T100010Z.prom", body, T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    reasons = rows(tmp_path / "s", "SELECT reason FROM rejects")
+    assert reasons == [("not a Prometheus sample line",)] * 2
+    before = rows(tmp_path / "s", "SELECT count(*) FROM prom_samples")[0][0]
+    assert before > 0
+    put(tmp_path / "in" / "x" / "copy-20260421T100010Z.prom", scrape(FIRST), T0)  # same scrape, another name
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.duplicates == before
