@@ -42,7 +42,8 @@ def test_deltas_between_scrapes_with_counter_reset(tmp_path):
     assert summary.by_format["prometheus"] == 3
     got = rows(
         tmp_path / "s",
-        "SELECT start_ts, end_ts, engine_id, transfers, avg_xfer_s, p90_xfer_s, avg_post_s, transported_bytes, "
+        "SELECT start_ts, end_ts, engine_id, transfers, avg_xfer_s, p90_xfer_s, avg_post_s, "
+        "transported_bytes, "
         "avg_mib_per_transfer, avg_descriptors, failed_transfers FROM intervals "
         "WHERE source_kind = 'prometheus' ORDER BY end_ts",
     )
