@@ -68,6 +68,7 @@ class Store:
     # --- layout -----------------------------------------------------------------------
 
     def init(self) -> None:
+        self.check_version()
         self.root.mkdir(parents=True, exist_ok=True)
         meta = self.root / "_meta.json"
         if not meta.exists():
@@ -81,6 +82,14 @@ class Store:
         if not meta.exists():
             return None
         return int(json.loads(meta.read_text())["schema_version"])
+
+    def check_version(self) -> None:
+        version = self.schema_version
+        if version is not None and version > SCHEMA_VERSION:
+            raise UsageError(
+                f"{self.root}: written by a newer hybridtrace (store schema {version}, this one reads "
+                f"up to {SCHEMA_VERSION}); upgrade hybridtrace"
+            )
 
     def exists(self) -> bool:
         return (self.root / "_meta.json").exists()
@@ -158,6 +167,7 @@ class Store:
 
     def connect(self, *, with_queries: bool = True) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with one view per table (committed data only)."""
+        self.check_version()
         con = duckdb.connect(":memory:")
         batches = self.committed_batches()
         for name in TABLES:
@@ -165,7 +175,7 @@ class Store:
             files = self.committed_files(name, batches)
             if files:
                 listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-                columns = ", ".join(schema.column_names)
+                columns = _select_list(schema, files)
                 con.execute(
                     f"CREATE VIEW {schema.view} AS SELECT {columns} FROM "
                     f"read_parquet([{listing}], union_by_name = true, hive_partitioning = false)"
@@ -193,6 +203,20 @@ class Store:
         if not files:
             return schema.arrow_schema().empty_table()
         return pa.concat_tables([schema.conform(pq.read_table(p)) for p in files])
+
+
+def _select_list(schema: TableSchema, files: list[Path]) -> str:
+    """Columns of ``schema``; one that older files lack reads as NULL, so old stores open."""
+    present: set[str] = set()
+    for path in files:
+        present.update(pq.read_schema(path).names)
+    parts = []
+    for column in schema.columns:
+        if column.name in present:
+            parts.append(column.name)
+        else:
+            parts.append(f"CAST(NULL AS {column.duckdb_type}) AS {column.name}")
+    return ", ".join(parts)
 
 
 def dedupe(con: duckdb.DuckDBPyConnection, store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:

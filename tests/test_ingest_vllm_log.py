@@ -44,8 +44,8 @@ def test_decode_log_lines(tmp_path, colour):
     # facts about the instance → one engines row
     engine = rows(s, "SELECT engine_id, block_tokens, mamba_padding_pct, padding_layers, kv_cache_tokens, "
                      "max_concurrency, conv_state_bytes, ssm_state_bytes, kv_buffer_device, use_host_buffer, "
-                     "kv_layout, source_kind FROM engines")  # fmt: skip
-    assert engine == [(ENGINE_ID, 400, 1.78, 1, 4543600, 454.36, 18432, 786432, "cpu", True, "HND", "log")]
+                     "kv_layout, source_kind, tp_size FROM engines")  # fmt: skip
+    assert engine == [(ENGINE_ID, 400, 1.78, 1, 4543600, 454.36, 18432, 786432, "cpu", True, "HND", "log", 2)]
     events = rows(
         s, "SELECT kind, request_id, remote_engine_id, rank, level FROM log_events ORDER BY ts, kind"
     )

@@ -401,6 +401,8 @@ class _ObjectReader:
             self._add(row, "intervals", _with_day(table, "end_ts"))
         facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
         if facts:
+            first_ts = next((e["ts"] for e in result.events if e["ts"] is not None), None)
+            facts.setdefault("ts", first_ts)
             engine = {
                 **facts,
                 "engine_id": engine_id,

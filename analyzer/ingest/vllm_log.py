@@ -130,6 +130,7 @@ class LogContext:
     last_month: int | None = None
     year_offset: int = 0
     base_year: int | None = None
+    max_tp_rank: int | None = None
 
 
 @dataclass
@@ -161,6 +162,7 @@ def _events_frame(
         pl.col("raw").str.ends_with("\r").alias("ends_cr"),
     )
     frame = frame.with_columns(pl.col("text").str.extract_groups(_HEADER).alias("h")).unnest("h")
+    top_rank = frame["process"].str.extract(r"_TP(\d+)").cast(pl.Int64).max() if frame.height else None
     has_header = pl.col("level").is_not_null()
     frame = frame.with_columns(
         has_header.alias("has_header"),
@@ -206,7 +208,7 @@ def _events_frame(
     interesting = pl.col("level").is_in(["WARNING", "ERROR", "CRITICAL"]) | pl.col(
         "message"
     ).str.contains_any(list(INTERESTING))
-    return events.filter(interesting), carry
+    return events.filter(interesting), carry, top_rank  # type: ignore[return-value]
 
 
 def _epoch(ctx: LogContext, wrap: str | None, md: str, hms: str) -> float | None:
@@ -253,7 +255,11 @@ def parse_chunk(
     if ctx.carry:
         numbers = [n for n, _ in ctx.carry] + numbers
         lines = [t for _, t in ctx.carry] + lines
-    events, ctx.carry = _events_frame(numbers, lines, final)
+    events, ctx.carry, top_rank = _events_frame(numbers, lines, final)
+    if top_rank is not None and (ctx.max_tp_rank is None or top_rank > ctx.max_tp_rank):
+        # Worker_TP<r> processes exist for every rank: the highest one gives the TP size.
+        ctx.max_tp_rank = int(top_rank)
+        result.engine["tp_size"] = ctx.max_tp_rank + 1
     for event in events.iter_rows(named=True):
         _parse_event(ctx, event, result)
 
