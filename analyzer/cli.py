@@ -163,6 +163,10 @@ def ingest_command(
         typer.Option(help="Year of a log's first line (default: from the file's modification time)."),
     ] = None,
     tz: Annotated[str, typer.Option(help="Time zone of vLLM log stamps.")] = "UTC",
+    model: Annotated[
+        str | None,
+        typer.Option(help="config.json (or built-in name) every engine serves, whatever it is called."),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, summary only.")] = False,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -171,7 +175,12 @@ def ingest_command(
     from hybridtrace.store import default_store
 
     summary = ingest(
-        paths, store or default_store(), progress=not quiet and sys.stderr.isatty(), year=year, tz=tz
+        paths,
+        store or default_store(),
+        progress=not quiet and sys.stderr.isatty(),
+        year=year,
+        tz=tz,
+        model=model,
     )
     result = summary.as_dict()
     if fmt is OutputFormat.json:

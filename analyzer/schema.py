@@ -59,6 +59,7 @@ class TableSchema:
     key: tuple[str, ...]
     partition: tuple[str, ...]
     view: str  # name of the DuckDB view over the table's Parquet files
+    derived: bool = False  # computed when the store is opened; no Parquet files
 
     @property
     def column_names(self) -> list[str]:
@@ -94,6 +95,7 @@ TABLES = (
     "models",
     "prom_samples",
 )
+DERIVED = ("engine_models",)
 
 
 @cache
@@ -111,11 +113,12 @@ def table_schema(name: str) -> TableSchema:
         key=tuple(raw.get("key", ())),
         partition=tuple(raw.get("partition", ())),
         view=raw.get("view", raw["name"]),
+        derived=bool(raw.get("derived", False)),
     )
 
 
 def all_schemas() -> list[TableSchema]:
-    return [table_schema(name) for name in TABLES]
+    return [table_schema(name) for name in (*TABLES, *DERIVED)]
 
 
 def markdown() -> str:

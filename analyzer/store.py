@@ -182,6 +182,10 @@ class Store:
                 )
             else:
                 con.execute(f"CREATE VIEW {schema.view} AS {schema.empty_select()}")
+        from hybridtrace.attach import engine_models
+
+        con.register("_engine_models_table", engine_models(con))
+        con.execute("CREATE VIEW engine_models AS SELECT * FROM _engine_models_table")
         if with_queries:
             from hybridtrace.queries_loader import install_views
 

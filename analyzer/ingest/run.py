@@ -193,6 +193,21 @@ class _Ingest:
             _commit(self.con, self.store, self.batch, self.summary)
             self.batch = _Batch()
 
+    def explicit_model(self, source: str) -> None:
+        from hybridtrace.model import geometry_from_config, load_config
+
+        config, name = load_config(source)
+        geometry_from_config(config, name)  # refuse a config we cannot size, now
+        text = json.dumps(config, sort_keys=True)
+        uri = f"model:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        row = self._source_row(uri, len(text), 0.0, "", 0, 1, "model_config")
+        row.update(end_offset=len(text), rows=json.dumps({"models": 1}))
+        self.batch.sources.append(row)
+        table = pa.table({"model": [name], "architecture": [(config.get("architectures") or [None])[0]],
+                          "config": [text], "applies_to": ["*"], "ingested_at": [time.time()],
+                          "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
+        self.batch.add("models", table)
+
     def object(self, path: Path) -> None:
         summary = self.summary
         summary.objects_seen += 1
@@ -483,8 +498,13 @@ def ingest(
     progress: bool = False,
     year: int | None = None,
     tz: str = "UTC",
+    model: str | None = None,
 ) -> IngestSummary:
-    """Ingest every object under ``paths`` into the store at ``store_root``."""
+    """Ingest every object under ``paths`` into the store at ``store_root``.
+
+    ``model`` (a config.json path or built-in name) is the config every engine serves,
+    whatever the engines call their model.
+    """
     try:
         from zoneinfo import ZoneInfo
 
@@ -497,6 +517,8 @@ def ingest(
     recovered = store.recover()
     run = _Ingest(store, IngestOptions(year=year, tz=tz, progress=progress))
     run.summary.recovered_files = recovered
+    if model is not None:
+        run.explicit_model(model)
     for path in _walk(paths):
         run.object(path)
     run.maybe_commit(force=True)

@@ -1,0 +1,98 @@
+"""Tie each engine to the config.json that serves it, and size it at its TP.
+
+A config applies to the engines whose ``model`` names it (whole name or the part after
+the last ``/``, ignoring case); when the store holds exactly one config, to every
+engine; ``ingest --model`` applies one to every engine explicitly. The result is the
+``engine_models`` view: B, S, block size and padding per engine and rank, which the
+analyzer measures transfers against.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pyarrow as pa
+
+from hybridtrace.errors import HybridtraceError
+from hybridtrace.model import SizingOptions, geometry_from_config, size_model
+from hybridtrace.schema import table_schema
+
+
+def _key(name: str | None) -> str | None:
+    return name.rsplit("/", 1)[-1].lower() if name else None
+
+
+def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    schema = table_schema("engine_models")
+    engines = con.sql(
+        """
+        SELECT engine_id,
+               any_value(model) AS model,
+               max(tp_size) AS tp_size,
+               any_value(kv_cache_dtype) AS kv_cache_dtype,
+               any_value(mamba_cache_dtype) AS mamba_cache_dtype,
+               any_value(mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
+               any_value(mamba_cache_mode) AS mamba_cache_mode,
+               max(block_tokens) AS logged_block_tokens
+        FROM engines GROUP BY engine_id ORDER BY engine_id
+        """
+    ).fetchall()
+    models = con.sql(
+        "SELECT model, architecture, config, applies_to FROM models ORDER BY ingested_at"
+    ).fetchall()
+    if not engines or not models:
+        return schema.arrow_schema().empty_table()
+    explicit = [m for m in models if m[3] == "*"]
+    rows = []
+    for engine_id, model, tp, kv, conv, ssm, mode, logged_block in engines:
+        if explicit:
+            chosen, how = explicit[-1], "explicit"
+        elif len({m[0] for m in models}) == 1:
+            chosen, how = models[-1], "only"
+        else:
+            matches = [m for m in models if _key(m[0]) == _key(model)]
+            if not matches:
+                continue
+            chosen, how = matches[-1], "name"
+        row = {"engine_id": engine_id, "model": chosen[0], "architecture": chosen[1], "matched_by": how,
+               "tp_size": tp, "logged_block_tokens": logged_block}  # fmt: skip
+        if tp is None:
+            row["error"] = "TP size unknown (no trace engine record or worker names in the log)"
+            rows.append(row)
+            continue
+        options = SizingOptions(
+            tp_size=int(tp),
+            kv_dtype=kv or "auto",
+            mamba_dtype=conv or "auto",
+            ssm_dtype=ssm or "auto",
+            mamba_cache_mode=mode if mode in ("none", "align", "all") else "none",
+        )
+        try:
+            sized = size_model(geometry_from_config(json.loads(chosen[2]), chosen[0]), options)
+        except HybridtraceError as exc:
+            row["error"] = str(exc)
+            rows.append(row)
+            continue
+        groups = sized.kv_cache_groups
+        row.update(
+            kv_cache_dtype=sized.kv_cache_dtype,
+            mamba_ssm_cache_dtype=sized.mamba_ssm_cache_dtype,
+            attention_layers=sized.attention_layers,
+            recurrent_layers=sized.recurrent_layers,
+            attention_bytes_per_token=sized.attention_bytes_per_token,
+            state_bytes=sized.state_bytes,
+            conv_bytes=sized.conv_bytes,
+            ssm_bytes=sized.ssm_bytes,
+            block_tokens=sized.block_tokens,
+            mamba_padding_pct=sized.mamba_padding_pct,
+            attention_page_bytes=sized.attention_page_bytes,
+            mamba_page_bytes=sized.mamba_page_bytes,
+            mamba_padded_page_bytes=sized.mamba_padded_page_bytes,
+            group_size=groups.group_size if groups else None,
+            padding_layers=groups.padding_layers if groups else None,
+        )
+        rows.append(row)
+    if not rows:
+        return schema.arrow_schema().empty_table()
+    return schema.conform(pa.Table.from_pylist(rows))

@@ -1,0 +1,70 @@
+"""Configs attach to the engines that serve them; each engine is sized at its own TP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracegen import engine_record, write_jsonl
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.store import Store
+
+CONFIGS = Path(__file__).parent.parent / "analyzer" / "model" / "configs"
+
+
+def models(store: Path) -> list[tuple]:
+    return (
+        Store(store)
+        .connect()
+        .sql(
+            "SELECT engine_id, model, matched_by, tp_size, attention_bytes_per_token, state_bytes, block_tokens, "
+            "error FROM engine_models ORDER BY engine_id"
+        )
+        .fetchall()
+    )
+
+
+def test_single_config_applies_to_every_engine(tmp_path):
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [engine_record("decode-0", "decode", 2)])
+    write_jsonl(tmp_path / "in" / "p" / "trace.jsonl", [engine_record("prefill-0", "prefill", 4)])
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
+        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
+    )
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = models(tmp_path / "s")
+    # TP 2, bf16 KV: 4 KV heads x 256 x 2 B = 2048 per layer, x 6 layers = 12288;
+    # SSM float32 by vLLM's default: 28 x (3*6144*2 + 64*80*128*4) = 28 x 2658304
+    assert got[0] == ("decode-0", "NVIDIA-Nemotron-Nano-12B-v2", "only", 2, 12288, 28 * 2658304, 1312, None)
+    assert got[1][:5] == ("prefill-0", "NVIDIA-Nemotron-Nano-12B-v2", "only", 4, 6144)
+
+
+def test_names_pick_among_several_configs_and_explicit_model_wins(tmp_path):
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [engine_record("decode-0", "decode", 1)])
+    for name, file in (
+        ("NVIDIA-Nemotron-Nano-12B-v2", "nemotron-nano-12b-v2.json"),
+        ("Jamba", "jamba-v0.1.json"),
+    ):
+        (tmp_path / "in" / name).mkdir()
+        (tmp_path / "in" / name / "config.json").write_text((CONFIGS / file).read_text())
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert models(tmp_path / "s")[0][1:3] == ("NVIDIA-Nemotron-Nano-12B-v2", "name")
+    ingest([tmp_path / "in"], tmp_path / "s", model="jamba-v0.1")
+    got = models(tmp_path / "s")[0]
+    assert got[1:3] == ("ai21labs/Jamba-v0.1", "explicit")
+    assert got[4] == 4 * 4096  # Jamba at TP 1, bf16
+
+
+def test_unknown_tp_is_said_not_guessed(tmp_path):
+    from loggen import ENGINE_ID, vllm_line
+
+    # a log with no Worker_TP processes: its TP size is unknown, so it is not sized
+    log = vllm_line(f"Initializing NIXL worker {ENGINE_ID}", process="EngineCore pid=7") + "\n"
+    log += vllm_line("Setting attention block size to 1312 tokens to ensure that attention page size is >= "
+                     "mamba page size.", process="EngineCore pid=7") + "\n"  # fmt: skip
+    (tmp_path / "in" / "x").mkdir(parents=True)
+    (tmp_path / "in" / "x" / "vllm.log").write_text(log)
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    got = models(tmp_path / "s")
+    assert got == [(ENGINE_ID, "nvidia/NVIDIA-Nemotron-Nano-12B-v2", "explicit", None, None, None, None,
+                    "TP size unknown (no trace engine record or worker names in the log)")]  # fmt: skip
