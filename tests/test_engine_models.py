@@ -17,8 +17,8 @@ def models(store: Path) -> list[tuple]:
         Store(store)
         .connect()
         .sql(
-            "SELECT engine_id, model, matched_by, tp_size, attention_bytes_per_token, state_bytes, block_tokens, "
-            "error FROM engine_models ORDER BY engine_id"
+            "SELECT engine_id, model, matched_by, tp_size, attention_bytes_per_token, state_bytes, "
+            "block_tokens, error FROM engine_models ORDER BY engine_id"
         )
         .fetchall()
     )
