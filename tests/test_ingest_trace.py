@@ -182,3 +182,33 @@ def test_killed_process_at_random_points_then_rerun_matches_clean(tmp_path):
     ingest([data], clean)
     assert _store_rows(store_root) == _store_rows(clean)
     assert len(_store_rows(clean)) == 12 * 40 * 2
+
+
+def test_fast_and_careful_paths_give_the_same_rows():
+    import duckdb
+
+    from hybridtrace.ingest.trace import fast_parse, parse_trace
+
+    records = [engine_record("decode-0", "decode", 2), *transfer_records(30, seed=3)]
+    records[5]["groups"] = [{"group": 0, "kind": "attention", "blocks": 3, "bytes": 100, "descriptors": 6}]
+    records[6]["request_id"] = 12345  # an id given as a number is read as its text
+    lines = [json.dumps(r).encode() for r in records]
+    fast = fast_parse(b"\n".join(lines), 1, len(lines), "src")
+    assert fast is not None
+    careful, rejects = parse_trace(duckdb.connect(), lines, 1, "src")
+    assert rejects.num_rows == 0
+    for name in ("transfers", "requests", "engines"):
+        assert fast[name].to_pylist() == careful[name].to_pylist(), name
+    ids = fast["transfers"]["request_id"].to_pylist() + fast["requests"]["request_id"].to_pylist()
+    assert "12345" in ids
+    assert any(g and '"blocks":3' in g for g in fast["transfers"]["groups"].to_pylist())
+
+
+def test_a_bad_line_sends_its_chunk_down_the_careful_path():
+    from hybridtrace.ingest.trace import fast_parse
+
+    good = [json.dumps(r).encode() for r in transfer_records(3)]
+    for bad in (b"not json", json.dumps({**transfer_records(1)[0], "rank": "x"}).encode(), b"",
+                json.dumps({**transfer_records(1)[0], "request_id": {"a": 1}}).encode()):  # fmt: skip
+        block = b"\n".join([*good, bad])
+        assert fast_parse(block, 1, block.count(b"\n") + 1, "src") is None

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
-from hybridtrace.ingest.trace import parse_trace
+from hybridtrace.ingest.trace import fast_parse, parse_trace
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
 from hybridtrace.store import Store, concat, dedupe, new_batch_id
 
@@ -127,7 +127,26 @@ def _open_at(path: Path, start: int, compressed: bool) -> BinaryIO:
     return handle
 
 
-def _line_chunks(handle: BinaryIO) -> Iterator[tuple[list[bytes], int, bytes]]:
+class _Lines:
+    """A block of whole lines (no final newline): split only by parsers that need it."""
+
+    __slots__ = ("_split", "block", "count")
+
+    def __init__(self, block: bytes, count: int | None = None) -> None:
+        self.block = block
+        self.count = (block.count(b"\n") + 1 if block else 0) if count is None else count
+        self._split: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def split(self) -> list[bytes]:
+        if self._split is None:
+            self._split = self.block.split(b"\n") if self.count else []
+        return self._split
+
+
+def _line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
     """(complete lines, bytes they take, unterminated tail so far) per chunk read."""
     pending = b""
     while True:
@@ -140,8 +159,8 @@ def _line_chunks(handle: BinaryIO) -> Iterator[tuple[list[bytes], int, bytes]]:
             pending = data
             continue
         pending = data[cut + 1 :]
-        yield data[:cut].split(b"\n"), cut + 1, pending
-    yield [], 0, pending
+        yield _Lines(data[:cut]), cut + 1, pending
+    yield _Lines(b"", 0), 0, pending
 
 
 def _reject_rows(rows: list[dict] | pa.Table, source_id: str, uri: str, fmt: str, now: float) -> pa.Table:
@@ -294,7 +313,7 @@ class _ObjectReader:
         for lines, consumed, tail in _line_chunks(handle):
             final = not lines and not consumed
             if self.fmt is None:
-                head = b"\n".join(lines)[:HEAD_BYTES] if lines else tail[:HEAD_BYTES]
+                head = lines.block[:HEAD_BYTES] if lines else tail[:HEAD_BYTES]
                 self.fmt = detect_format(head, self.path.name) if head.strip() else "empty"
                 row["format"] = self.fmt
                 self.job.summary.by_format[self.fmt] = self.job.summary.by_format.get(self.fmt, 0) + 1
@@ -303,7 +322,7 @@ class _ObjectReader:
                     quiet or self.fmt == "model_config" or (self.fmt == "connector_trace" and _is_json(tail))
                 )
                 if tail.strip() and complete:
-                    lines, consumed = [tail], len(tail)
+                    lines, consumed = _Lines(tail, 1), len(tail)
                 elif not tail.strip():
                     consumed = len(tail)  # trailing blanks
             self.job.summary.bytes_read += consumed
@@ -349,14 +368,16 @@ class _ObjectReader:
         self.job.summary.rejects += table.num_rows
         self.job.batch.add("rejects", table)
 
-    def _parse(self, row: dict, lines: list[bytes], first_line: int, final: bool) -> tuple[int, int]:
+    def _parse(self, row: dict, lines: _Lines, first_line: int, final: bool) -> tuple[int, int]:
         """Parse ``lines``; returns (bytes, lines) held back for the next chunk."""
         if self.fmt == "connector_trace":
             if lines:
-                tables, rejects = parse_trace(self.job.con, lines, first_line, row["source_id"])
+                tables = fast_parse(lines.block, first_line, len(lines), row["source_id"])
+                if tables is None:  # some line is not clean: the careful path says which
+                    tables, rejects = parse_trace(self.job.con, lines.split(), first_line, row["source_id"])
+                    self._reject(row, rejects)
                 for name, table in tables.items():
                     self._add(row, name, table)
-                self._reject(row, rejects)
             return 0, 0
         if self.fmt == "vllm_log":
             return self._parse_log(row, lines, first_line, final)
@@ -366,7 +387,7 @@ class _ObjectReader:
             self._prometheus(row, lines, first_line)
         return 0, 0
 
-    def _prometheus(self, row: dict, lines: list[bytes], first_line: int) -> None:
+    def _prometheus(self, row: dict, lines: _Lines, first_line: int) -> None:
         texts, bad = _decode_lines(lines, first_line)
         samples, rejects = prometheus.parse_snapshot(texts, first_line, self.path.name, self.mtime)
         self._reject(row, bad + rejects)
@@ -377,7 +398,7 @@ class _ObjectReader:
             )
             self._add(row, "prom_samples", _with_day(table, "ts"))
 
-    def _parse_log(self, row: dict, lines: list[bytes], first_line: int, final: bool) -> tuple[int, int]:
+    def _parse_log(self, row: dict, lines: _Lines, first_line: int, final: bool) -> tuple[int, int]:
         if self.log_ctx is None:
             self.log_ctx = vllm_log.LogContext(
                 uri=self.uri,
@@ -428,9 +449,9 @@ class _ObjectReader:
             self._add(row, "engines", _with_day(pa.Table.from_pylist([engine]), "ts"))
         self._reject(row, result.rejects)
 
-    def _model_config(self, row: dict, lines: list[bytes]) -> None:
+    def _model_config(self, row: dict, lines: _Lines) -> None:
         # A config is small: its lines arrive in one chunk (or a few; collect them).
-        self._config_bytes = getattr(self, "_config_bytes", b"") + b"\n".join(lines) + b"\n"
+        self._config_bytes = getattr(self, "_config_bytes", b"") + lines.block + b"\n"
         try:
             config = json.loads(self._config_bytes)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -463,13 +484,15 @@ def _is_json(data: bytes) -> bool:
     return True
 
 
-def _decode_lines(lines: list[bytes], first_line: int) -> tuple[list[str], list[dict]]:
+def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]]:
     """Text of each line; undecodable lines become rejects and empty text (numbering kept)."""
+    if not lines:
+        return [], []
     try:
-        return b"\n".join(lines).decode("utf-8").split("\n"), []
+        return lines.block.decode("utf-8").split("\n"), []
     except UnicodeDecodeError:
         texts, bad = [], []
-        for i, raw in enumerate(lines):
+        for i, raw in enumerate(lines.split()):
             try:
                 texts.append(raw.decode("utf-8"))
             except UnicodeDecodeError:

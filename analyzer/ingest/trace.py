@@ -1,17 +1,21 @@
 """Connector trace v1 (JSON Lines) → ``transfers``, ``requests``, ``engines`` rows.
 
-Parsing is vectorised in DuckDB: lines arrive as one binary column, are decoded and
-validated as JSON in bulk, and each record type is projected with ``json_transform``.
-A record is rejected (never dropped) when its bytes are not UTF-8, it is not a JSON
-object, its ``type``/``v`` is unknown, a required field is missing, or a field has the
-wrong type. Unknown extra fields are ignored.
+Two vectorised paths. A chunk of clean lines (the usual case) is read by polars'
+NDJSON reader against a fixed schema and checked in bulk. A chunk that fails any check
+goes through DuckDB line by line-in-bulk: every line is decoded and parsed once, and the
+bad ones are diagnosed. A record is rejected (never dropped) when its bytes are not
+UTF-8, it is not a JSON object, its ``type``/``v`` is unknown, a required field is
+missing, or a field has the wrong type. Unknown extra fields are ignored; an id given as
+a number is read as its text. Both paths give the same rows.
 """
 
 from __future__ import annotations
 
+import io
 import json
 
 import duckdb
+import polars as pl
 import pyarrow as pa
 
 from hybridtrace.schema import table_schema
@@ -98,9 +102,121 @@ def looks_like_trace(head: bytes) -> bool:
     return False
 
 
-def _structure(fields: tuple) -> str:
-    spec = {name: ("JSON" if kind == "JSON" else kind) for name, _, kind, _ in fields}
+# Keys a KV-cache group may carry, in trace `engine` and `transfer` records.
+GROUP_FIELDS = {
+    "group": "BIGINT",
+    "kind": "VARCHAR",
+    "layers": "BIGINT",
+    "padding_layers": "BIGINT",
+    "block_tokens": "BIGINT",
+    "page_bytes": "BIGINT",
+    "state_bytes": "BIGINT",
+    "blocks": "BIGINT",
+    "bytes": "BIGINT",
+    "descriptors": "BIGINT",
+}
+_GROUPS_SQL = json.dumps([GROUP_FIELDS])
+_POLARS = {
+    "DOUBLE": pl.Float64,
+    "BIGINT": pl.Int64,
+    "INTEGER": pl.Int32,
+    "VARCHAR": pl.String,
+    "BOOLEAN": pl.Boolean,
+}
+_GROUP_STRUCT = pl.List(pl.Struct({k: _POLARS[v] for k, v in GROUP_FIELDS.items()}))
+
+
+def _polars_schema() -> dict[str, pl.DataType]:
+    schema: dict[str, pl.DataType] = {"type": pl.String, "v": pl.Int64}
+    for _, fields in RECORD_TYPES.values():
+        for name, _, kind, _ in fields:
+            wanted = _GROUP_STRUCT if kind == "JSON" else _POLARS[kind]
+            if schema.get(name, wanted) != wanted:
+                raise ValueError(f"trace field {name} has two types")
+            schema[name] = wanted
+    return schema
+
+
+_SCHEMA = None
+
+
+def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> dict[str, pa.Table] | None:
+    """Rows per table when every line of ``block`` is a clean record, else None."""
+    global _SCHEMA
+    if _SCHEMA is None:
+        _SCHEMA = _polars_schema()
+    try:
+        frame = pl.read_ndjson(io.BytesIO(block), schema=_SCHEMA)
+    except Exception:
+        return None
+    if frame.height != n_lines:
+        return None  # blank lines: line numbers would not follow rows
+    frame = frame.with_columns(
+        pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
+    )
+    ok = (pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))
+    if not frame.select(ok.all()).item():
+        return None
+    tables: dict[str, pa.Table] = {}
+    for rtype, (table, fields) in RECORD_TYPES.items():
+        part = frame.filter(pl.col("type") == rtype)
+        checks = [pl.col(name).is_not_null() for name, _, _, required in fields if required]
+        for name, _, kind, _ in fields:
+            if kind == "VARCHAR":  # an object or list read as text is a wrong type
+                checks.append(~pl.col(name).str.starts_with("{").fill_null(False))
+                checks.append(~pl.col(name).str.starts_with("[").fill_null(False))
+        for column, allowed in _ENUMS.get(rtype, {}).items():
+            name = next(n for n, c, _, _ in fields if c == column)
+            checks.append(pl.col(name).is_in(list(allowed)) | pl.col(name).is_null())
+        if part.height and checks and not part.select(pl.all_horizontal(checks).all()).item():
+            return None
+        renames = {name: column for name, column, _, _ in fields}
+        columns = [pl.col(name).alias(column) for name, column in renames.items()]
+        groups = [name for name, _, kind, _ in fields if kind == "JSON"]
+        out = part.select([*columns, pl.col("line_number")]).with_columns(
+            pl.lit(source_id).alias("source_id")
+        )
+        for name in groups:
+            column = renames[name]
+            encoded = (
+                pl.struct(pl.col(column).alias("g")).struct.json_encode().str.slice(5).str.strip_suffix("}")
+            )
+            out = out.with_columns(
+                pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
+            )
+        if "ts" in renames.values():
+            day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
+            out = out.with_columns(day.alias("day"))
+        tables[table] = table_schema(table).conform(out.to_arrow())
+    return tables
+
+
+def _structure() -> str:
+    """One json_transform structure for every field of every record type, each kept as JSON."""
+    spec: dict[str, str] = {"type": "VARCHAR", "v": "JSON"}
+    for _, fields in RECORD_TYPES.values():
+        for name, _, _, _ in fields:
+            spec[name] = "JSON"
     return json.dumps(spec)
+
+
+_NUMBER = "('UBIGINT', 'BIGINT', 'DOUBLE')"
+_INTEGER = "('UBIGINT', 'BIGINT')"
+
+
+def _typed(name: str, kind: str) -> str:
+    """SQL typing one JSON field; NULL when the JSON value has another type."""
+    field = f"j.{name}"
+    if kind == "DOUBLE":
+        return f"CASE WHEN json_type({field}) IN {_NUMBER} THEN CAST({field} AS DOUBLE) END"
+    if kind in ("BIGINT", "INTEGER"):
+        return f"CASE WHEN json_type({field}) IN {_INTEGER} THEN TRY_CAST({field} AS {kind}) END"
+    if kind == "VARCHAR":  # ids given as numbers read as their text, as on the fast path
+        return f"CASE WHEN json_type({field}) IN ('VARCHAR', {_NUMBER[1:-1]}) THEN {field} ->> '$' END"
+    if kind == "BOOLEAN":
+        return f"CASE WHEN json_type({field}) = 'BOOLEAN' THEN CAST({field} AS BOOLEAN) END"
+    typed = f"json_transform({field}, '{_GROUPS_SQL}')"
+    return f"CASE WHEN json_type({field}) = 'ARRAY' THEN CAST(to_json({typed}) AS VARCHAR) END"
 
 
 def _lines_table(lines: list[bytes], first_line: int) -> pa.Table:
@@ -112,44 +228,43 @@ def _lines_table(lines: list[bytes], first_line: int) -> pa.Table:
     )
 
 
+_VALID = "text IS NOT NULL AND j.type IN ('transfer', 'request', 'engine') AND TRY_CAST(j.v AS DOUBLE) = 1"
+
+
 def parse_trace(
     con: duckdb.DuckDBPyConnection, lines: list[bytes], first_line: int, source_id: str
 ) -> tuple[dict[str, pa.Table], pa.Table]:
-    """Rows per table and the rejects of ``lines`` (line ``first_line`` is the first)."""
+    """Rows per table and the rejects of ``lines`` (line ``first_line`` is the first).
+
+    Each line is parsed once (``json_transform`` into a struct of JSON fields); only the
+    rare bad lines are parsed again, to say what is wrong with them.
+    """
+    structure = _structure().replace("'", "''")
     con.register("_lines", _lines_table(lines, first_line))
     try:
-        con.sql(
-            """
-            CREATE OR REPLACE TEMP TABLE _decoded AS
-            SELECT line_number, raw, try(decode(raw)) AS text
-            FROM _lines
-            WHERE length(trim(CAST(raw AS VARCHAR))) > 0
-            """
-        )
         con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE _records AS
-            SELECT line_number, raw, text,
-                   CASE WHEN text IS NULL THEN 'invalid UTF-8'
-                        WHEN NOT json_valid(text) THEN 'not valid JSON'
-                        WHEN json_type(text) <> 'OBJECT' THEN 'not a JSON object'
-                        WHEN json_extract(text, '$.v') IS NULL THEN 'no "v" field'
-                        WHEN try_cast(json_extract_string(text, '$.v') AS INTEGER) IS DISTINCT FROM 1
-                             THEN 'unsupported trace version ' || json_extract_string(text, '$.v')
-                        WHEN json_extract_string(text, '$.type') IS NULL THEN 'no "type" field'
-                        WHEN json_extract_string(text, '$.type') NOT IN ('transfer', 'request', 'engine')
-                             THEN 'unknown record type ' || json_extract_string(text, '$.type')
-                   END AS reason,
-                   CASE WHEN text IS NOT NULL AND json_valid(text) AND json_type(text) = 'OBJECT'
-                        THEN json_extract_string(text, '$.type') END AS rtype
-            FROM _decoded
+            f"""
+            CREATE OR REPLACE TEMP TABLE _parsed AS
+            SELECT line_number, text, try(json_transform(text, '{structure}')) AS j
+            FROM (SELECT line_number, try(decode(raw)) AS text FROM _lines WHERE octet_length(raw) > 0)
+            WHERE text IS NULL OR trim(text) <> ''
             """
         )
         rejects = [
             con.sql(
                 f"""
-                SELECT line_number, reason, left(coalesce(text, CAST(raw AS VARCHAR)), {RAW_LIMIT}) AS raw
-                FROM _records WHERE reason IS NOT NULL
+                SELECT line_number,
+                       CASE WHEN text IS NULL THEN 'invalid UTF-8'
+                            WHEN j IS NULL OR NOT json_valid(text) THEN 'not valid JSON'
+                            WHEN json_type(text) <> 'OBJECT' THEN 'not a JSON object'
+                            WHEN j.v IS NULL THEN 'no "v" field'
+                            WHEN TRY_CAST(j.v AS DOUBLE) IS DISTINCT FROM 1
+                                 THEN 'unsupported trace version ' || CAST(j.v AS VARCHAR)
+                            WHEN j.type IS NULL THEN 'no "type" field'
+                            ELSE 'unknown record type ' || j.type
+                       END AS reason,
+                       left(coalesce(text, '(undecodable bytes)'), {RAW_LIMIT}) AS raw
+                FROM _parsed WHERE NOT coalesce({_VALID}, false)
                 """
             ).to_arrow_table()
         ]
@@ -166,42 +281,31 @@ def parse_trace(
 def _project(
     con: duckdb.DuckDBPyConnection, rtype: str, table: str, fields: tuple, source_id: str
 ) -> tuple[pa.Table, pa.Table]:
-    structure = _structure(fields).replace("'", "''")
+    values = ", ".join(f"{_typed(name, kind)} AS {column}" for name, column, kind, _ in fields)
     checks = []
-    for name, _, kind, required in fields:
-        present = f"(json_extract(text, '$.{name}') IS NOT NULL AND json_type(text, '$.{name}') <> 'NULL')"
+    for name, column, kind, required in fields:
         if required:
-            checks.append(f"WHEN NOT {present} THEN 'missing field {name}'")
-        if kind != "JSON":
-            checks.append(
-                f"WHEN {present} AND {name} IS NULL THEN 'wrong type for {name} (want {kind.lower()})'"
-            )
-        else:
-            not_list = f"json_type(text, '$.{name}') <> 'ARRAY'"
-            checks.append(f"WHEN {present} AND {not_list} THEN 'wrong type for {name} (want list)'")
+            checks.append(f"WHEN j.{name} IS NULL THEN 'missing field {name}'")
+        want = {"JSON": "list"}.get(kind, kind.lower())
+        checks.append(
+            f"WHEN j.{name} IS NOT NULL AND {column} IS NULL THEN 'wrong type for {name} (want {want})'"
+        )
     for column, allowed in _ENUMS.get(rtype, {}).items():
         listing = ", ".join(f"'{v}'" for v in allowed)
-        checks.append(
-            f"WHEN {column} IS NOT NULL AND {column} NOT IN ({listing}) THEN 'unknown {column} ' || {column}"
-        )
+        checks.append(f"WHEN {column} NOT IN ({listing}) THEN 'unknown {column} ' || {column}")
     reason = "CASE " + " ".join(checks) + " END"
-    con.sql(
+    con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _typed AS
         SELECT *, {reason} AS reason
-        FROM (SELECT line_number, text, unnest(json_transform(text, '{structure}'))
-              FROM _records WHERE reason IS NULL AND rtype = '{rtype}')
+        FROM (SELECT line_number, text, j, {values} FROM _parsed WHERE {_VALID} AND j.type = '{rtype}')
         """
     )
-    selects = []
-    for name, column, kind, _ in fields:
-        expr = f"CAST({name} AS VARCHAR)" if kind == "JSON" else name
-        selects.append(f"{expr} AS {column}")
-    if any(f[1] == "ts" for f in fields):
-        selects.append("CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day")
+    columns = [column for _, column, _, _ in fields]
+    day = ", CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in columns else ""
     rows = con.sql(
         f"""
-        SELECT {", ".join(selects)}, '{source_id}' AS source_id, line_number
+        SELECT {", ".join(columns)}{day}, '{source_id}' AS source_id, line_number
         FROM _typed WHERE reason IS NULL ORDER BY line_number
         """
     ).to_arrow_table()
