@@ -14,7 +14,6 @@ are removed by the next run, which then reads the same objects again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from urllib.parse import quote
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hybridtrace.errors import UsageError
@@ -45,7 +45,7 @@ def new_batch_id() -> str:
 def _write_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", compression_level=1)
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
@@ -146,22 +146,28 @@ class Store:
         schema = table_schema("sources")
         _write_atomic(schema.conform(sources), self.root / "sources" / f"part-{batch_id}.parquet")
 
+    def _partitions(self, schema: TableSchema, data: pa.Table) -> list[tuple[Path, pa.Table]]:
+        """(directory, rows) per partition of ``data``."""
+        if not schema.partition:
+            return [(self.root / schema.name, data)]
+        combos = data.group_by(list(schema.partition), use_threads=False).aggregate([]).to_pylist()
+        out = []
+        for combo in combos:
+            directory = self.root / schema.name
+            mask = None
+            for column in schema.partition:
+                value = combo[column]
+                directory = directory / f"{column}={_partition_dir(value)}"
+                if len(combos) > 1:
+                    test = pc.is_null(data[column]) if value is None else pc.equal(data[column], value)
+                    mask = test if mask is None else pc.and_(mask, test)
+            out.append((directory, data if mask is None else data.filter(mask)))
+        return out
+
     def _write_table(self, batch_id: str, schema: TableSchema, data: pa.Table) -> None:
         data = schema.conform(data)
-        if not schema.partition:
-            _write_atomic(data, self.root / schema.name / f"part-{batch_id}.parquet")
-            return
-        import polars as pl
-
-        frame = pl.from_arrow(data)
-        groups = frame.partition_by(list(schema.partition), as_dict=True, maintain_order=True)
-        for n, (values, part) in enumerate(groups.items()):
-            directory = self.root / schema.name
-            for column, value in zip(schema.partition, values, strict=True):
-                directory = directory / f"{column}={_partition_dir(value)}"
-            _write_atomic(
-                part.to_arrow().cast(schema.arrow_schema()), directory / f"part-{batch_id}-{n}.parquet"
-            )
+        for n, (directory, part) in enumerate(self._partitions(schema, data)):
+            _write_atomic(part, directory / f"part-{batch_id}-{n}.parquet")
 
     # --- reading ----------------------------------------------------------------------
 
@@ -192,14 +198,33 @@ class Store:
             install_views(con)
         return con
 
-    def existing_keys(self, con: duckdb.DuckDBPyConnection, table: str) -> str | None:
-        """SQL relation of the key columns already stored for ``table``, or None if empty."""
+    def existing_keys(self, table: str, data: pa.Table) -> pa.Table | None:
+        """Key columns the store already holds that could collide with ``data``'s keys.
+
+        Only files in ``data``'s partitions are read, and only rows within its range of
+        the key's time (or line) column, so the cost follows the batch, not the store.
+        """
         schema = table_schema(table)
-        files = self.committed_files(table)
+        directories = {str(d) + os.sep for d, _ in self._partitions(schema, data)}
+        files = [p for p in self.committed_files(table) if any(str(p).startswith(d) for d in directories)]
         if not files or not schema.key:
             return None
         listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-        return f"SELECT DISTINCT {', '.join(schema.key)} FROM read_parquet([{listing}], union_by_name = true)"
+        where = ""
+        ranged = next((c for c in ("ts", "end_ts", "line_number") if c in schema.key), None)
+        if ranged is not None:
+            low, high = pc.min(data[ranged]).as_py(), pc.max(data[ranged]).as_py()
+            if low is not None:
+                where = f" WHERE {ranged} BETWEEN {low!r} AND {high!r}"
+                if pc.any(pc.is_null(data[ranged])).as_py():
+                    where += f" OR {ranged} IS NULL"
+        con = duckdb.connect(":memory:")
+        try:
+            return con.sql(
+                f"SELECT {', '.join(schema.key)} FROM read_parquet([{listing}], union_by_name = true){where}"
+            ).to_arrow_table()
+        finally:
+            con.close()
 
     def sources_frame(self) -> pa.Table:
         files = self.committed_files("sources")
@@ -223,26 +248,29 @@ def _select_list(schema: TableSchema, files: list[Path]) -> str:
     return ", ".join(parts)
 
 
-def dedupe(con: duckdb.DuckDBPyConnection, store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
-    """Drop rows of ``data`` whose key the store (or an earlier row of ``data``) already holds."""
+def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
+    """Drop rows of ``data`` whose key the store (or an earlier row of ``data``) already holds.
+
+    Duplicates are the same record read twice, so which copy stays does not matter; NULL
+    keys compare equal.
+    """
+    import polars as pl
+
     schema = table_schema(table)
     if not schema.key or data.num_rows == 0:
         return data, 0
     key = list(schema.key)
-    con.register("_incoming", data)
-    try:
-        # One row per key inside the batch (duplicates are the same record); NULL keys
-        # compare equal.
-        numbered = f"SELECT *, row_number() OVER (PARTITION BY {', '.join(key)}) AS _rn FROM _incoming"
-        sql = f"SELECT * EXCLUDE (_rn) FROM ({numbered}) WHERE _rn = 1"
-        existing = store.existing_keys(con, table)
-        if existing:
-            on = " AND ".join(f"n.{k} IS NOT DISTINCT FROM o.{k}" for k in key)
-            sql = f"SELECT n.* FROM ({sql}) n WHERE NOT EXISTS (SELECT 1 FROM ({existing}) o WHERE {on})"
-        kept = con.sql(sql).to_arrow_table()
-    finally:
-        with contextlib.suppress(Exception):
-            con.unregister("_incoming")
+    frame = pl.from_arrow(data)
+    assert isinstance(frame, pl.DataFrame)
+    # A cheap hash first: most batches have no duplicate at all.
+    if frame.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item():
+        frame = frame.unique(subset=key, keep="first", maintain_order=True)
+    existing = store.existing_keys(table, data)
+    if existing is not None and existing.num_rows:
+        old = pl.from_arrow(existing)
+        assert isinstance(old, pl.DataFrame)
+        frame = frame.join(old.unique(), on=key, how="anti", nulls_equal=True)
+    kept = frame.to_arrow().cast(data.schema) if frame.height != data.num_rows else data
     return kept, data.num_rows - kept.num_rows
 
 

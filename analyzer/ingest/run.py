@@ -581,7 +581,7 @@ def _commit(con: duckdb.DuckDBPyConnection, store: Store, batch: _Batch, summary
     for name, parts in batch.tables.items():
         data = concat(parts, table_schema(name))
         if name in DEDUPED and data.num_rows:
-            kept, dropped = dedupe(con, store, name, data)
+            kept, dropped = dedupe(store, name, data)
             if dropped:
                 kept_map = {d["values"]: d["counts"] for d in pc.value_counts(kept["source_id"]).to_pylist()}
                 for item in pc.value_counts(data["source_id"]).to_pylist():

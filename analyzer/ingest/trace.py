@@ -145,46 +145,58 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
     global _SCHEMA
     if _SCHEMA is None:
         _SCHEMA = _polars_schema()
+    # No field holds an object, and only `groups` a list: anything else would be read as
+    # text by the lenient reader, so such a chunk takes the careful path.
+    if (
+        b'":{' in block
+        or b'": {' in block
+        or block.count(b'":[') + block.count(b'": [') != block.count(b'"groups":')
+    ):
+        return None
     try:
         frame = pl.read_ndjson(io.BytesIO(block), schema=_SCHEMA)
     except Exception:
         return None
     if frame.height != n_lines:
         return None  # blank lines: line numbers would not follow rows
+    checks = [(pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))]
+    # The reader turns an object or list into text for a string field: a wrong type.
+    for name, dtype in _SCHEMA.items():
+        if dtype == pl.String:
+            text = pl.col(name).str
+            checks.append(~(text.starts_with("{") | text.starts_with("[")).fill_null(False))
+    for rtype, (_, fields) in RECORD_TYPES.items():
+        of_type = pl.col("type") == rtype
+        for name, _, _, required in fields:
+            if required:
+                checks.append(~of_type | pl.col(name).is_not_null())
+        for column, allowed in _ENUMS.get(rtype, {}).items():
+            name = next(n for n, c, _, _ in fields if c == column)
+            checks.append(~of_type | pl.col(name).is_in(list(allowed)) | pl.col(name).is_null())
+    if not frame.select(pl.all_horizontal(checks).all()).item():
+        return None
     frame = frame.with_columns(
         pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
     )
-    ok = (pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))
-    if not frame.select(ok.all()).item():
-        return None
     tables: dict[str, pa.Table] = {}
     for rtype, (table, fields) in RECORD_TYPES.items():
-        part = frame.filter(pl.col("type") == rtype)
-        checks = [pl.col(name).is_not_null() for name, _, _, required in fields if required]
-        for name, _, kind, _ in fields:
-            if kind == "VARCHAR":  # an object or list read as text is a wrong type
-                checks.append(~pl.col(name).str.starts_with("{").fill_null(False))
-                checks.append(~pl.col(name).str.starts_with("[").fill_null(False))
-        for column, allowed in _ENUMS.get(rtype, {}).items():
-            name = next(n for n, c, _, _ in fields if c == column)
-            checks.append(pl.col(name).is_in(list(allowed)) | pl.col(name).is_null())
-        if part.height and checks and not part.select(pl.all_horizontal(checks).all()).item():
-            return None
-        renames = {name: column for name, column, _, _ in fields}
-        columns = [pl.col(name).alias(column) for name, column in renames.items()]
-        groups = [name for name, _, kind, _ in fields if kind == "JSON"]
-        out = part.select([*columns, pl.col("line_number")]).with_columns(
-            pl.lit(source_id).alias("source_id")
-        )
-        for name in groups:
-            column = renames[name]
-            encoded = (
-                pl.struct(pl.col(column).alias("g")).struct.json_encode().str.slice(5).str.strip_suffix("}")
-            )
-            out = out.with_columns(
-                pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
-            )
-        if "ts" in renames.values():
+        part = frame.filter(pl.col("type") == rtype) if frame["type"].n_unique() > 1 else frame
+        if part.height and part["type"][0] != rtype:
+            part = part.clear()
+        columns = [pl.col(name).alias(column) for name, column, _, _ in fields]
+        out = part.select([*columns, pl.col("line_number"), pl.lit(source_id).alias("source_id")])
+        for _, column, kind, _ in fields:
+            if kind == "JSON":
+                encoded = (
+                    pl.struct(pl.col(column).alias("g"))
+                    .struct.json_encode()
+                    .str.slice(5)
+                    .str.strip_suffix("}")
+                )
+                out = out.with_columns(
+                    pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
+                )
+        if any(column == "ts" for _, column, _, _ in fields):
             day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
             out = out.with_columns(day.alias("day"))
         tables[table] = table_schema(table).conform(out.to_arrow())

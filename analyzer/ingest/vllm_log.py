@@ -148,48 +148,47 @@ def looks_like_vllm_log(head: str) -> bool:
 
 def _events_frame(
     numbers: list[int], lines: list[str], final: bool
-) -> tuple[pl.DataFrame, list[tuple[int, str]]]:
-    """Group lines into events; return interesting events and the unfinished tail."""
+) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
+    """Group lines into events; return interesting events, the unfinished tail, the top TP rank.
+
+    One regex pass reads every line's header; everything else is done on the few lines
+    that need it (headerless lines, lines of interesting events).
+    """
     frame = pl.DataFrame(
         {"line_number": numbers, "raw": lines}, schema={"line_number": pl.Int64, "raw": pl.String}
     )
+    text = pl.col("raw")
+    if frame.select(text.str.contains("\x1b", literal=True).any()).item():
+        text = text.str.replace_all(_ANSI, "")
     frame = frame.with_columns(
-        pl.when(pl.col("raw").str.contains("\x1b", literal=True))
-        .then(pl.col("raw").str.replace_all(_ANSI, ""))
-        .otherwise(pl.col("raw"))
-        .str.strip_suffix("\r")
-        .alias("text"),
-        pl.col("raw").str.ends_with("\r").alias("ends_cr"),
+        text.str.strip_suffix("\r").alias("text"), pl.col("raw").str.ends_with("\r").alias("cr")
     )
     frame = frame.with_columns(pl.col("text").str.extract_groups(_HEADER).alias("h")).unnest("h")
-    top_rank = frame["process"].str.extract(r"_TP(\d+)").cast(pl.Int64).max() if frame.height else None
+    processes = frame["process"].unique().drop_nulls()
+    top_rank = processes.str.extract(r"_TP(\d+)").cast(pl.Int64).max() if processes.len() else None
     has_header = pl.col("level").is_not_null()
-    frame = frame.with_columns(
-        has_header.alias("has_header"),
-        pl.col("ends_cr").shift(1).fill_null(False).alias("prev_cr"),
-        (~has_header & pl.col("text").str.replace(_PROCESS_PREFIX, "").str.contains(_TRACEBACK_LIKE)).alias(
-            "tb"
-        ),
-    )
-    frame = frame.with_columns(
-        ((pl.col("has_header") & ~pl.col("prev_cr")) | (~pl.col("has_header") & ~pl.col("tb"))).alias(
-            "starts"
-        )
-    )
+    headerless = pl.when(~has_header).then(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
+    frame = frame.with_columns(headerless.alias("bare"))
+    tb = pl.col("bare").str.contains(_TRACEBACK_LIKE).fill_null(False)
+    prev_cr = pl.col("cr").shift(1).fill_null(False)
+    starts = (has_header & ~prev_cr) | (~has_header & ~tb)
     # A chunk starting mid-event (carried lines are prepended, so this only happens on
     # the very first line of an object) starts a new event anyway.
-    frame = frame.with_columns(pl.col("starts").cum_sum().alias("event"))
+    frame = frame.with_columns(starts.cum_sum().alias("event"), starts.alias("starts"))
     carry: list[tuple[int, str]] = []
     if not final and frame.height:
         last = frame["event"][-1]
         tail = frame.filter(pl.col("event") == last)
         carry = list(zip(tail["line_number"].to_list(), tail["raw"].to_list(), strict=True))
         frame = frame.filter(pl.col("event") != last)
-    part = (
-        pl.when(pl.col("has_header"))
-        .then(pl.col("msg"))
-        .otherwise(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
-    )
+    # Whether an event is worth parsing is decided on its first line, then carried to
+    # its continuation lines, so only those events are grouped.
+    first_interesting = pl.col("level").is_in(["WARNING", "ERROR", "CRITICAL"]) | pl.col(
+        "msg"
+    ).str.contains_any(list(INTERESTING))
+    keep = pl.when(pl.col("starts")).then(first_interesting.fill_null(False)).forward_fill().fill_null(False)
+    frame = frame.filter(keep)
+    part = pl.coalesce(pl.when(pl.col("level").is_not_null()).then(pl.col("msg")), pl.col("bare"))
     events = (
         frame.with_columns(part.alias("part"))
         .group_by("event", maintain_order=True)
@@ -205,10 +204,7 @@ def _events_frame(
         )
         .filter(pl.col("level").is_not_null())
     )
-    interesting = pl.col("level").is_in(["WARNING", "ERROR", "CRITICAL"]) | pl.col(
-        "message"
-    ).str.contains_any(list(INTERESTING))
-    return events.filter(interesting), carry, top_rank  # type: ignore[return-value]
+    return events, carry, top_rank
 
 
 def _epoch(ctx: LogContext, wrap: str | None, md: str, hms: str) -> float | None:
