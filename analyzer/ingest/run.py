@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import duckdb
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -424,13 +425,19 @@ class _ObjectReader:
 
     def _log_rows(self, row: dict, result: vllm_log.LogResult, engine_id: str) -> None:
         sid = row["source_id"]
-        if result.events:
-            events = pa.Table.from_pylist(
-                [{**e, "engine_id": engine_id, "source_id": sid} for e in result.events]
-            )
-            self._add(row, "log_events", _with_day(events, "ts"))
+        events = _event_table(result)
+        if events is not None:
+            # The hash names the event by what the log says, not by where it was read, so
+            # the same line in a rotated copy is a duplicate.
+            digest = "md5(concat_ws('|', process, level, stamp, message, request_id, kind))"
+            hashed = self.job.con.sql(
+                f"SELECT * EXCLUDE (stamp), {digest} AS event_hash FROM events"
+            ).to_arrow_table()
+            hashed = hashed.append_column("engine_id", pa.array([engine_id] * hashed.num_rows, pa.string()))
+            hashed = hashed.append_column("source_id", pa.array([sid] * hashed.num_rows, pa.string()))
+            self._add(row, "log_events", _with_day(hashed, "ts"))
         if result.intervals:
-            rows = vllm_log.intervals_with_starts(result.intervals)
+            rows = vllm_log.intervals_with_starts(self.log_ctx, result.intervals)
             table = pa.Table.from_pylist(
                 [{**r, "engine_id": engine_id, "source_kind": "log", "source_id": sid} for r in rows]
             )
@@ -438,6 +445,8 @@ class _ObjectReader:
         facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
         if facts:
             first_ts = next((e["ts"] for e in result.events if e["ts"] is not None), None)
+            if first_ts is None and events is not None and events.num_rows:
+                first_ts = pc.min(events["ts"]).as_py()
             facts.setdefault("ts", first_ts)
             engine = {
                 **facts,
@@ -482,6 +491,30 @@ def _is_json(data: bytes) -> bool:
     except (ValueError, UnicodeDecodeError):
         return False
     return True
+
+
+_EVENT_COLUMNS = {
+    "ts": pl.Float64,
+    "process": pl.String,
+    "rank": pl.Int32,
+    "level": pl.String,
+    "line_number": pl.Int64,
+    "kind": pl.String,
+    "message": pl.String,
+    "stamp": pl.String,
+    "request_id": pl.String,
+    "remote_engine_id": pl.String,
+    "details": pl.String,
+}
+
+
+def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
+    frames = [f.select(list(_EVENT_COLUMNS)).cast(_EVENT_COLUMNS) for f in result.event_frames]
+    if result.events:
+        frames.append(pl.DataFrame(result.events, schema=_EVENT_COLUMNS))
+    if not frames:
+        return None
+    return pl.concat(frames).to_arrow()
 
 
 def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]]:

@@ -16,11 +16,10 @@ modification time, with a December→January rollover counted.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import polars as pl
@@ -131,11 +130,13 @@ class LogContext:
     year_offset: int = 0
     base_year: int | None = None
     max_tp_rank: int | None = None
+    last_interval_end: dict = field(default_factory=dict)
 
 
 @dataclass
 class LogResult:
-    events: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)  # parsed one by one
+    event_frames: list[pl.DataFrame] = field(default_factory=list)  # parsed in bulk
     intervals: list[dict] = field(default_factory=list)
     engine: dict = field(default_factory=dict)
     rejects: list[dict] = field(default_factory=list)
@@ -207,28 +208,160 @@ def _events_frame(
     return events, carry, top_rank
 
 
-def _epoch(ctx: LogContext, wrap: str | None, md: str, hms: str) -> float | None:
-    if wrap:
-        text = wrap.replace(" ", "T").rstrip("Z")
-        try:
-            return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
-        except ValueError:
-            pass
-    month, day = int(md[:2]), int(md[3:])
+def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
+    """Epoch seconds of every event, and the raw stamp it came from.
+
+    Stamps carry no year: the first event's year comes from ``--year`` or the object's
+    modification time, and every drop of more than six months in the month (December →
+    January) starts the next year. The state carries over to the next chunk.
+    """
+    if events.height == 0:
+        return events.with_columns(
+            pl.lit(None, pl.Float64).alias("ts"), pl.lit(None, pl.String).alias("stamp")
+        )
+    months = events["md"].str.slice(0, 2).cast(pl.Int64)
     if ctx.base_year is None:
         if ctx.year is not None:
             ctx.base_year = ctx.year
         else:
+            first = events.row(0, named=True)
             modified = datetime.fromtimestamp(ctx.mtime, ZoneInfo(ctx.tz))
+            month, day = int(first["md"][:2]), int(first["md"][3:])
             ctx.base_year = modified.year - (1 if (month, day) > (modified.month, modified.day) else 0)
-    if ctx.last_month is not None and month < ctx.last_month - 6:
-        ctx.year_offset += 1  # December → January
-    ctx.last_month = month
-    try:
-        local = datetime.fromisoformat(f"{ctx.base_year + ctx.year_offset:04d}-{md} {hms}")
-    except ValueError:
-        return None
-    return local.replace(tzinfo=ZoneInfo(ctx.tz)).timestamp()
+    previous = months.shift(1, fill_value=ctx.last_month if ctx.last_month is not None else months[0])
+    years = (ctx.base_year + ctx.year_offset + (months < previous - 6).cast(pl.Int64).cum_sum()).alias("year")
+    local = pl.format("{}-{} {}", years, pl.col("md"), pl.col("hms")).str.to_datetime(
+        "%Y-%m-%d %H:%M:%S", strict=False
+    )
+    stamped = local.dt.replace_time_zone(
+        ctx.tz, ambiguous="earliest", non_existent="null"
+    ).dt.convert_time_zone("UTC")
+    wrapped = (
+        pl.col("wrap")
+        .str.replace(" ", "T")
+        .str.strip_suffix("Z")
+        .str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False)
+        .dt.replace_time_zone("UTC")
+    )
+    out = events.with_columns(
+        (pl.coalesce(wrapped, stamped).dt.epoch("us") / 1e6).alias("ts"),
+        pl.coalesce(pl.col("wrap"), pl.format("{} {}", pl.col("md"), pl.col("hms"))).alias("stamp"),
+    )
+    ctx.year_offset += int((months < previous - 6).sum())
+    ctx.last_month = int(months[-1])
+    return out
+
+
+_KV_LINE = (
+    r"^KV Transfer metrics: Num successful transfers=(?P<transfers>\d+), "
+    r"Avg xfer time \(ms\)=(?P<axf>[\d.]+), "
+    r"P90 xfer time \(ms\)=(?P<pxf>[\d.]+), Avg post time \(ms\)=(?P<apo>[\d.]+), "
+    r"P90 post time \(ms\)=(?P<ppo>[\d.]+), Avg MB per transfer=(?P<mib>[\d.]+), "
+    r"Throughput \(MB/s\)=(?P<tput>[\d.]+), Avg number of descriptors=(?P<desc>[\d.]+)$"
+)
+_STATS_LINE = (
+    r"^Engine (?P<engine>\d+): Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
+    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, "
+    r"Waiting: (?P<waiting>\d+) reqs, GPU KV cache usage: (?P<usage>[\d.]+)%, "
+    r"Prefix cache hit rate: (?P<hit>[\d.]+)%(?:, External prefix cache hit rate: (?P<ext>[\d.]+)%)?$"
+)
+_EXPIRED_LINE = (
+    r"^Releasing expired KV blocks for request (?P<request>\S+) which were retrieved by (?P<workers>\d+) "
+    r"(?:decode|remote) worker\(s\)(?: within (?P<timeout>\d+) seconds| before lease expired)\.?$"
+)
+_RANK_EXPR = r"_TP(\d+)"
+
+
+def _event_base(frame: pl.DataFrame, kind: str) -> list[pl.Expr]:
+    rank = pl.coalesce(
+        pl.col("process").str.extract(_RANK_EXPR).cast(pl.Int32),
+        pl.col("process").str.extract(r"rank=(\d+)").cast(pl.Int32),
+    )
+    return [
+        pl.col("ts"),
+        pl.col("process"),
+        rank.alias("rank"),
+        pl.col("level"),
+        pl.col("line_number"),
+        pl.lit(kind).alias("kind"),
+        pl.col("message").str.slice(0, MESSAGE_LIMIT).alias("message"),
+        pl.col("stamp"),
+    ]
+
+
+def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
+    """Parse the frequent kinds (interval lines, throughput lines, expiries) in bulk.
+
+    Returns the events left for one-by-one parsing (rare kinds, odd variants, rejects).
+    """
+    if events.height == 0:
+        return events
+    message = pl.col("message")
+    kv = events.with_columns(message.str.extract_groups(_KV_LINE).alias("x")).filter(
+        pl.col("x").struct.field("transfers").is_not_null()
+    )
+    if kv.height:
+        x = pl.col("x").struct
+        for row in kv.select(
+            pl.col("ts").alias("end_ts"),
+            pl.col("process"),
+            pl.col("line_number"),
+            x.field("transfers").cast(pl.Int64).alias("transfers"),
+            (x.field("axf").cast(pl.Float64) * 1e-3).alias("avg_xfer_s"),
+            (x.field("pxf").cast(pl.Float64) * 1e-3).alias("p90_xfer_s"),
+            (x.field("apo").cast(pl.Float64) * 1e-3).alias("avg_post_s"),
+            (x.field("ppo").cast(pl.Float64) * 1e-3).alias("p90_post_s"),
+            x.field("mib").cast(pl.Float64).alias("avg_mib_per_transfer"),
+            x.field("tput").cast(pl.Float64).alias("throughput_mib_s"),
+            x.field("desc").cast(pl.Float64).alias("avg_descriptors"),
+        ).iter_rows(named=True):
+            result.intervals.append(row)
+    stats = events.with_columns(message.str.extract_groups(_STATS_LINE).alias("x")).filter(
+        pl.col("x").struct.field("engine").is_not_null()
+    )
+    if stats.height:
+        x = pl.col("x").struct
+        details = pl.struct(
+            x.field("prompt").cast(pl.Float64).alias("avg_prompt_throughput_tokens_s"),
+            x.field("gen").cast(pl.Float64).alias("avg_generation_throughput_tokens_s"),
+            x.field("running").cast(pl.Float64).alias("running"),
+            x.field("waiting").cast(pl.Float64).alias("waiting"),
+            x.field("usage").cast(pl.Float64).alias("gpu_kv_cache_usage_pct"),
+            x.field("hit").cast(pl.Float64).alias("prefix_cache_hit_rate_pct"),
+            x.field("ext").cast(pl.Float64).alias("external_prefix_cache_hit_rate_pct"),
+            x.field("engine").cast(pl.Int64).alias("engine_index"),
+        ).struct.json_encode()
+        result.event_frames.append(
+            stats.select(
+                *_event_base(stats, "engine_stats"),
+                pl.lit(None, pl.String).alias("request_id"),
+                pl.lit(None, pl.String).alias("remote_engine_id"),
+                details.alias("details"),
+            )
+        )
+    expired = events.with_columns(message.str.extract_groups(_EXPIRED_LINE).alias("x")).filter(
+        pl.col("x").struct.field("request").is_not_null()
+    )
+    if expired.height:
+        x = pl.col("x").struct
+        details = pl.struct(
+            x.field("workers").cast(pl.Int64).alias("workers_read"),
+            pl.when(x.field("timeout").is_null())
+            .then(pl.lit("lease"))
+            .otherwise(pl.lit("abort_timeout"))
+            .alias("era"),
+            x.field("timeout").cast(pl.Int64).alias("timeout_s"),
+        ).struct.json_encode()
+        result.event_frames.append(
+            expired.select(
+                *_event_base(expired, "kv_expired"),
+                x.field("request").alias("request_id"),
+                pl.lit(None, pl.String).alias("remote_engine_id"),
+                details.alias("details"),
+            )
+        )
+    done = pl.concat([kv["line_number"], stats["line_number"], expired["line_number"]])
+    return events.filter(~pl.col("line_number").is_in(done.implode()))
 
 
 def _rank(process: str | None) -> int | None:
@@ -256,13 +389,15 @@ def parse_chunk(
         # Worker_TP<r> processes exist for every rank: the highest one gives the TP size.
         ctx.max_tp_rank = int(top_rank)
         result.engine["tp_size"] = ctx.max_tp_rank + 1
+    events = _with_ts(ctx, events)
+    events = _bulk_kinds(events, result)
     for event in events.iter_rows(named=True):
         _parse_event(ctx, event, result)
 
 
 def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
     message: str = event["message"] or ""
-    ts = _epoch(ctx, event["wrap"], event["md"], event["hms"])
+    ts = event["ts"]
     process = event["process"]
     base = {
         "ts": ts,
@@ -273,15 +408,11 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         "request_id": None,
         "remote_engine_id": None,
         "details": None,
-        "event_hash": hashlib.sha1(
-            f"{process}|{event['level']}|{event['md']} {event['hms']}|{message}".encode()
-        ).hexdigest(),
+        "stamp": event["stamp"],
     }
 
     def emit(kind: str, **extra: object) -> None:
         row = {**base, "kind": kind, "message": message[:MESSAGE_LIMIT], **extra}
-        if row["request_id"]:  # one line can name several requests: one event each
-            row["event_hash"] = hashlib.sha1(f"{row['event_hash']}|{row['request_id']}".encode()).hexdigest()
         if isinstance(row["details"], dict):
             row["details"] = json.dumps(row["details"], default=str)
         result.events.append(row)
@@ -450,10 +581,9 @@ def finish(ctx: LogContext, result: LogResult) -> str:
     return result.engine.get("engine_id") or ctx.engine_id or ctx.fallback_engine_id
 
 
-def intervals_with_starts(rows: list[dict]) -> list[dict]:
+def intervals_with_starts(ctx: LogContext, rows: list[dict]) -> list[dict]:
     """Each interval starts where the previous line of the same process ended."""
-    previous: dict[str | None, float | None] = {}
     for row in sorted(rows, key=lambda r: (r["end_ts"] is None, r["end_ts"] or 0)):
-        row["start_ts"] = previous.get(row["process"])
-        previous[row["process"]] = row["end_ts"]
+        row["start_ts"] = ctx.last_interval_end.get(row["process"])
+        ctx.last_interval_end[row["process"]] = row["end_ts"]
     return rows
