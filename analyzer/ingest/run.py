@@ -409,12 +409,11 @@ class _ObjectReader:
                 engine_id=self.engine_id,
                 fallback_engine_id=_folder_engine_id(self.path),
             )
-        texts, bad = _decode_lines(lines, first_line)
+        series, bad = _decode_series(lines, first_line)
         if bad:
             self._reject(row, bad)
         result = vllm_log.LogResult()
-        numbers = list(range(first_line, first_line + len(texts)))
-        vllm_log.parse_chunk(self.log_ctx, numbers, texts, final, result)
+        vllm_log.parse_chunk(self.log_ctx, vllm_log.lines_frame(first_line, series), final, result)
         engine_id = vllm_log.finish(self.log_ctx, result)
         if result.engine.get("engine_id"):
             self.engine_id = self.log_ctx.engine_id = result.engine["engine_id"]
@@ -515,6 +514,18 @@ def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
     if not frames:
         return None
     return pl.concat(frames).to_arrow()
+
+
+def _decode_series(lines: _Lines, first_line: int) -> tuple[pl.Series, list[dict]]:
+    """Lines as a polars Series, split without a Python list when the block is valid UTF-8."""
+    if not lines:
+        return pl.Series("raw", [], dtype=pl.String), []
+    try:
+        text = lines.block.decode("utf-8")
+    except UnicodeDecodeError:
+        texts, bad = _decode_lines(lines, first_line)
+        return pl.Series("raw", texts, dtype=pl.String), bad
+    return pl.Series("raw", [text]).str.split("\n").explode(), []
 
 
 def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]]:

@@ -34,6 +34,12 @@ _HEADER = (
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"\[?(?P<file>[^\s:\]]+):(?P<lineno>\d+)\] ?(?P<msg>.*)$"
 )
+# The header without captures: much cheaper to test on every line.
+_HEADER_TEST = (
+    r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
+    r"(?:\([A-Za-z]\w*(?: rank=\d+)? pid=\d+\) )?"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[^\s:\]]+:\d+\]"
+)
 _PROCESS_PREFIX = (
     r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
     r"(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\) )?"
@@ -147,32 +153,30 @@ def looks_like_vllm_log(head: str) -> bool:
     return bool(re.search(_HEADER, re.sub(_ANSI, "", head), re.M))
 
 
-def _events_frame(
-    numbers: list[int], lines: list[str], final: bool
-) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
+def _events_frame(frame: pl.DataFrame, final: bool) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
     """Group lines into events; return interesting events, the unfinished tail, the top TP rank.
 
-    One regex pass reads every line's header; everything else is done on the few lines
-    that need it (headerless lines, lines of interesting events).
+    Every line gets only cheap tests (a capture-free header match, literal searches);
+    the header is taken apart, and lines joined into events, only for the lines of
+    events worth parsing.
     """
-    frame = pl.DataFrame(
-        {"line_number": numbers, "raw": lines}, schema={"line_number": pl.Int64, "raw": pl.String}
-    )
     text = pl.col("raw")
     if frame.select(text.str.contains("\x1b", literal=True).any()).item():
         text = text.str.replace_all(_ANSI, "")
     frame = frame.with_columns(
         text.str.strip_suffix("\r").alias("text"), pl.col("raw").str.ends_with("\r").alias("cr")
     )
-    frame = frame.with_columns(pl.col("text").str.extract_groups(_HEADER).alias("h")).unnest("h")
-    processes = frame["process"].unique().drop_nulls()
-    top_rank = processes.str.extract(r"_TP(\d+)").cast(pl.Int64).max() if processes.len() else None
-    has_header = pl.col("level").is_not_null()
-    headerless = pl.when(~has_header).then(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
+    ranks = frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.extract(
+        r"^\(\w*_TP(\d+)"
+    )
+    top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
+    has_header = pl.col("text").str.contains(_HEADER_TEST)
+    frame = frame.with_columns(has_header.alias("has_header"))
+    headerless = pl.when(~pl.col("has_header")).then(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
     frame = frame.with_columns(headerless.alias("bare"))
     tb = pl.col("bare").str.contains(_TRACEBACK_LIKE).fill_null(False)
     prev_cr = pl.col("cr").shift(1).fill_null(False)
-    starts = (has_header & ~prev_cr) | (~has_header & ~tb)
+    starts = (pl.col("has_header") & ~prev_cr) | (~pl.col("has_header") & ~tb)
     # A chunk starting mid-event (carried lines are prepended, so this only happens on
     # the very first line of an object) starts a new event anyway.
     frame = frame.with_columns(starts.cum_sum().alias("event"), starts.alias("starts"))
@@ -182,13 +186,16 @@ def _events_frame(
         tail = frame.filter(pl.col("event") == last)
         carry = list(zip(tail["line_number"].to_list(), tail["raw"].to_list(), strict=True))
         frame = frame.filter(pl.col("event") != last)
-    # Whether an event is worth parsing is decided on its first line, then carried to
-    # its continuation lines, so only those events are grouped.
-    first_interesting = pl.col("level").is_in(["WARNING", "ERROR", "CRITICAL"]) | pl.col(
-        "msg"
-    ).str.contains_any(list(INTERESTING))
-    keep = pl.when(pl.col("starts")).then(first_interesting.fill_null(False)).forward_fill().fill_null(False)
+    # Whether an event is worth parsing is decided on its first line (WARNING or worse,
+    # or a message hybridtrace knows), then carried to its continuation lines.
+    first_interesting = pl.col("has_header") & pl.col("text").str.contains_any(
+        ["WARNING ", "ERROR ", "CRITICAL ", *INTERESTING]
+    )
+    keep = pl.when(pl.col("starts")).then(first_interesting).forward_fill().fill_null(False)
     frame = frame.filter(keep)
+    frame = frame.with_columns(
+        pl.when(pl.col("has_header")).then(pl.col("text")).str.extract_groups(_HEADER).alias("h")
+    ).unnest("h")
     part = pl.coalesce(pl.when(pl.col("level").is_not_null()).then(pl.col("msg")), pl.col("bare"))
     events = (
         frame.with_columns(part.alias("part"))
@@ -377,14 +384,19 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def parse_chunk(
-    ctx: LogContext, numbers: list[int], lines: list[str], final: bool, result: LogResult
-) -> None:
-    """Parse ``lines`` (with the carried tail of the previous chunk) into ``result``."""
+def lines_frame(first_line: int, lines: pl.Series) -> pl.DataFrame:
+    """(line_number, raw) for ``lines``, numbered from ``first_line``."""
+    return pl.DataFrame({"raw": lines.cast(pl.String)}).select(
+        pl.int_range(first_line, first_line + lines.len(), dtype=pl.Int64).alias("line_number"), pl.col("raw")
+    )
+
+
+def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogResult) -> None:
+    """Parse ``frame`` (line_number, raw), after the carried tail of the previous chunk."""
     if ctx.carry:
-        numbers = [n for n, _ in ctx.carry] + numbers
-        lines = [t for _, t in ctx.carry] + lines
-    events, ctx.carry, top_rank = _events_frame(numbers, lines, final)
+        carried = pl.DataFrame(ctx.carry, schema={"line_number": pl.Int64, "raw": pl.String}, orient="row")
+        frame = pl.concat([carried, frame])
+    events, ctx.carry, top_rank = _events_frame(frame, final)
     if top_rank is not None and (ctx.max_tp_rank is None or top_rank > ctx.max_tp_rank):
         # Worker_TP<r> processes exist for every rank: the highest one gives the TP size.
         ctx.max_tp_rank = int(top_rank)
