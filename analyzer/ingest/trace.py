@@ -11,7 +11,6 @@ a number is read as its text. Both paths give the same rows.
 
 from __future__ import annotations
 
-import io
 import json
 
 import duckdb
@@ -154,7 +153,7 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
     ):
         return None
     try:
-        frame = pl.read_ndjson(io.BytesIO(block), schema=_SCHEMA)
+        frame = pl.read_ndjson(block, schema=_SCHEMA)
     except Exception:
         return None
     if frame.height != n_lines:
@@ -179,14 +178,17 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
         pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
     )
     tables: dict[str, pa.Table] = {}
+    counts = dict(frame["type"].value_counts().iter_rows())
     for rtype, (table, fields) in RECORD_TYPES.items():
-        part = frame.filter(pl.col("type") == rtype) if frame["type"].n_unique() > 1 else frame
-        if part.height and part["type"][0] != rtype:
-            part = part.clear()
+        schema = table_schema(table)
+        if not counts.get(rtype):
+            tables[table] = schema.arrow_schema().empty_table()
+            continue
+        part = frame if counts[rtype] == frame.height else frame.filter(pl.col("type") == rtype)
         columns = [pl.col(name).alias(column) for name, column, _, _ in fields]
         out = part.select([*columns, pl.col("line_number"), pl.lit(source_id).alias("source_id")])
         for _, column, kind, _ in fields:
-            if kind == "JSON":
+            if kind == "JSON" and out[column].null_count() < out.height:
                 encoded = (
                     pl.struct(pl.col(column).alias("g"))
                     .struct.json_encode()
@@ -196,10 +198,12 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
                 out = out.with_columns(
                     pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
                 )
+            elif kind == "JSON":
+                out = out.with_columns(pl.lit(None, pl.String).alias(column))
         if any(column == "ts" for _, column, _, _ in fields):
             day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
             out = out.with_columns(day.alias("day"))
-        tables[table] = table_schema(table).conform(out.to_arrow())
+        tables[table] = schema.conform(out.to_arrow())
     return tables
 
 
