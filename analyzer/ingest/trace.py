@@ -144,14 +144,6 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
     global _SCHEMA
     if _SCHEMA is None:
         _SCHEMA = _polars_schema()
-    # No field holds an object, and only `groups` a list: anything else would be read as
-    # text by the lenient reader, so such a chunk takes the careful path.
-    if (
-        b'":{' in block
-        or b'": {' in block
-        or block.count(b'":[') + block.count(b'": [') != block.count(b'"groups":')
-    ):
-        return None
     try:
         frame = pl.read_ndjson(block, schema=_SCHEMA)
     except Exception:
