@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -40,7 +41,7 @@ from hybridtrace.store import Store, concat, dedupe, new_batch_id
 HEAD_BYTES = 64 * 1024
 FINGERPRINT_BYTES = 4096
 CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
-BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "1000000"))
+BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "500000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
 # A last line without a newline in a file modified this recently may still be written.
 QUIET_SECONDS = 60.0
@@ -205,13 +206,24 @@ class _Ingest:
         self.batch = _Batch()
         self.summary = IngestSummary()
         self.previous = _previous_reads(store)
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-commit")
+        self.pending: Future | None = None
 
     def maybe_commit(self, force: bool = False) -> None:
         if self.batch.sources and (
             force or self.batch.rows >= BATCH_ROWS or len(self.batch.sources) >= BATCH_OBJECTS
         ):
-            _commit(self.con, self.store, self.batch, self.summary)
+            # Batches commit in order on one writer thread while the next one is parsed;
+            # waiting for the previous commit first keeps at most two batches in memory,
+            # and lets each commit's duplicate check see the batch before it.
+            self.wait()
+            self.pending = self.writer.submit(_commit, self.store, self.batch, self.summary)
             self.batch = _Batch()
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
 
     def explicit_model(self, source: str) -> None:
         from hybridtrace.model import geometry_from_config, load_config
@@ -586,9 +598,15 @@ def ingest(
     run.summary.recovered_files = recovered
     if model is not None:
         run.explicit_model(model)
-    for path in _walk(paths):
-        run.object(path)
-    run.maybe_commit(force=True)
+    try:
+        for path in _walk(paths):
+            run.object(path)
+        run.maybe_commit(force=True)
+    finally:
+        try:
+            run.wait()
+        finally:
+            run.writer.shutdown(wait=True)
     if progress:
         print(file=sys.stderr)
     run.summary.seconds = time.monotonic() - started
@@ -610,7 +628,7 @@ def _previous_reads(store: Store) -> dict[str, dict]:
     return latest
 
 
-def _commit(con: duckdb.DuckDBPyConnection, store: Store, batch: _Batch, summary: IngestSummary) -> None:
+def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> None:
     tables: dict[str, pa.Table] = {}
     duplicates_by_source: dict[str, int] = {}
     for row in batch.sources:
