@@ -164,24 +164,49 @@ def _store_rows(root: Path) -> list[tuple]:
     return sorted(con.sql("SELECT request_id, rank, ts, transported_bytes FROM transfers").fetchall())
 
 
+def _all_rows(root: Path) -> dict[str, list[tuple]]:
+    con = Store(root).connect()
+    queries = {
+        "transfers": "SELECT request_id, rank, ts, transported_bytes, line_number FROM transfers",
+        "requests": "SELECT request_id, ts, missing_tokens FROM requests",
+        "log_events": "SELECT engine_id, kind, ts, request_id, line_number, event_hash FROM log_events",
+        "intervals": "SELECT engine_id, source_kind, end_ts, transfers, transported_bytes FROM intervals",
+        "prom_samples": "SELECT instance, metric, labels, le, ts, value FROM prom_samples",
+    }
+    return {name: sorted(con.sql(sql).fetchall(), key=repr) for name, sql in queries.items()}
+
+
 def test_killed_process_at_random_points_then_rerun_matches_clean(tmp_path):
+    from loggen import decode_log, prefill_log
+    from promgen import scrape
+
     data = tmp_path / "in"
-    for i in range(12):
-        write_jsonl(data / f"engine-{i}" / "trace.jsonl", transfer_records(40, seed=i))
+    for i in range(6):
+        write_jsonl(data / f"engine-{i}" / "trace.jsonl", transfer_records(60, seed=i))
+        (data / f"engine-{i}" / "vllm.log").write_text(decode_log() * 20)
+        (data / f"engine-{i}" / "metrics-20260421T1000{i:02d}Z.prom").write_text(
+            scrape([(0.01, 0.001, 5000, 9)] * i)
+        )
+    (data / "prefill" / "vllm.log.1.gz").parent.mkdir()
+    (data / "prefill" / "vllm.log.1.gz").write_bytes(gzip.compress(prefill_log().encode() * 50))
     store_root, clean = tmp_path / "store", tmp_path / "clean"
-    env = {**os.environ, "HYBRIDTRACE_BATCH_OBJECTS": "1"}
+    # tiny batches and chunks: many commits, and large objects committed in slices
+    env = {**os.environ, "HYBRIDTRACE_BATCH_OBJECTS": "1", "HYBRIDTRACE_BATCH_ROWS": "40",
+           "HYBRIDTRACE_CHUNK_BYTES": "4096"}  # fmt: skip
     command = [sys.executable, "-m", "hybridtrace", "ingest", str(data), "--store", str(store_root), "-q"]
     rng = random.Random(42)
     for _ in range(4):
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 1.5))
+        time.sleep(rng.uniform(0.5, 2.0))
         process.send_signal(signal.SIGKILL)
         process.wait()
         Store(store_root).connect()  # readable after every kill
     subprocess.run(command, env=env, check=True, capture_output=True)
     ingest([data], clean)
-    assert _store_rows(store_root) == _store_rows(clean)
-    assert len(_store_rows(clean)) == 12 * 40 * 2
+    got, want = _all_rows(store_root), _all_rows(clean)
+    for name in want:
+        assert got[name] == want[name], name
+    assert len(want["transfers"]) == 6 * 60 * 2 and want["log_events"] and want["prom_samples"]
 
 
 def test_fast_and_careful_paths_give_the_same_rows():

@@ -183,6 +183,36 @@ def _reject_rows(rows: list[dict] | pa.Table, source_id: str, uri: str, fmt: str
     )
 
 
+class _Progress:
+    """A one-line bar on stderr, redrawn at most ten times a second; silent when off."""
+
+    def __init__(self, enabled: bool, total_bytes: int) -> None:
+        self.enabled = enabled
+        self.total = max(total_bytes, 1)
+        self.started = time.monotonic()
+        self.drawn = 0.0
+
+    def update(self, summary: IngestSummary, done_bytes: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self.drawn < 0.1):
+            return
+        self.drawn = now
+        share = min(done_bytes / self.total, 1.0)
+        bar = "#" * int(share * 30)
+        rate = done_bytes / 1e6 / max(now - self.started, 1e-9)
+        print(
+            f"\r[{bar:<30}] {share * 100:5.1f}%  {done_bytes / 1e6:,.0f}/{self.total / 1e6:,.0f} MB  "
+            f"{rate:,.0f} MB/s  {summary.objects_read} objects",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
 class _Batch:
     def __init__(self) -> None:
         self.id = new_batch_id()
@@ -207,6 +237,8 @@ class _Ingest:
         self.summary = IngestSummary()
         self.previous = _previous_reads(store)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-commit")
+        self.progress = _Progress(False, 0)
+        self.done_bytes = 0  # bytes of objects walked so far, for the progress bar
         self.pending: Future | None = None
 
     def maybe_commit(self, force: bool = False) -> None:
@@ -249,6 +281,7 @@ class _Ingest:
         last = self.previous.get(uri)
         if last and last["status"] != "partial" and last["size_bytes"] == size and last["mtime"] == mtime:
             summary.objects_skipped += 1
+            self.done_bytes += size
             return
         compressed = _is_gzip(path)
         fingerprint = _fingerprint(path, size)
@@ -276,12 +309,8 @@ class _Ingest:
             _ObjectReader(self, path, uri, size, mtime, fingerprint, compressed, fmt, engine_id).run(
                 handle, start, first_line
             )
-        if self.options.progress:
-            print(
-                f"\r{summary.objects_read} objects, {summary.bytes_read / 1e6:.1f} MB",
-                end="",
-                file=sys.stderr,
-            )
+        self.done_bytes += size
+        self.progress.update(summary, self.done_bytes)
         self.maybe_commit()
 
     def _source_row(self, uri, size, mtime, fingerprint, start, first_line, fmt) -> dict:
@@ -339,6 +368,9 @@ class _ObjectReader:
                 elif not tail.strip():
                     consumed = len(tail)  # trailing blanks
             self.job.summary.bytes_read += consumed
+            self.job.progress.update(
+                self.job.summary, self.job.done_bytes + min(offset + consumed, self.size)
+            )
             kept_back = self._parse(row, lines, line, final)
             line += len(lines)
             offset += consumed
@@ -598,8 +630,10 @@ def ingest(
     run.summary.recovered_files = recovered
     if model is not None:
         run.explicit_model(model)
+    objects = list(_walk(paths))  # a listing only: nothing is read yet
+    run.progress = _Progress(progress, sum(p.stat().st_size for p in objects))
     try:
-        for path in _walk(paths):
+        for path in objects:
             run.object(path)
         run.maybe_commit(force=True)
     finally:
@@ -607,8 +641,8 @@ def ingest(
             run.wait()
         finally:
             run.writer.shutdown(wait=True)
-    if progress:
-        print(file=sys.stderr)
+    run.progress.update(run.summary, run.done_bytes, force=True)
+    run.progress.close()
     run.summary.seconds = time.monotonic() - started
     return run.summary
 
