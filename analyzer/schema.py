@@ -73,7 +73,8 @@ class TableSchema:
         arrays = []
         for column in self.columns:
             if column.name in table.column_names:
-                arrays.append(table[column.name].cast(column.arrow_type))
+                array = table[column.name]
+                arrays.append(array if array.type == column.arrow_type else array.cast(column.arrow_type))
             else:
                 arrays.append(pa.nulls(table.num_rows, column.arrow_type))
         return pa.Table.from_arrays(arrays, schema=self.arrow_schema())

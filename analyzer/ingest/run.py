@@ -129,6 +129,32 @@ def _open_at(path: Path, start: int, compressed: bool) -> BinaryIO:
     return handle
 
 
+def _seekable_line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
+    """As _line_chunks, for a plain file: seek back over the partial last line instead of
+    carrying it, which saves a copy of every chunk."""
+    while True:
+        data = handle.read(CHUNK_BYTES)
+        if not data:
+            yield _Lines(b"", 0), 0, b""
+            return
+        cut = data.rfind(b"\n")
+        if cut < 0 or len(data) < CHUNK_BYTES:
+            break  # one long line, or the end of the file: finish the simple way
+        handle.seek(cut + 1 - len(data), os.SEEK_CUR)
+        yield _Lines(data[:cut]), cut + 1, b""
+    pending = data
+    while True:
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            yield _Lines(pending[:cut]), cut + 1, pending[cut + 1 :]
+            pending = pending[cut + 1 :]
+        block = handle.read(CHUNK_BYTES)
+        if not block:
+            break
+        pending += block
+    yield _Lines(b"", 0), 0, pending
+
+
 class _Lines:
     """A block of whole lines (no final newline): split only by parsers that need it."""
 
@@ -150,6 +176,9 @@ class _Lines:
 
 def _line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
     """(complete lines, bytes they take, unterminated tail so far) per chunk read."""
+    if handle.seekable() and not isinstance(handle, gzip.GzipFile):
+        yield from _seekable_line_chunks(handle)
+        return
     pending = b""
     while True:
         block = handle.read(CHUNK_BYTES)
