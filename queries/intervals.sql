@@ -22,7 +22,21 @@
 --   transported_bytes      exact bytes of the interval (scrapes only; logs print rounded MiB)
 --   failed_transfers       failed transfers in the interval (scrapes; logs when printed)
 --   expired_requests       KV-expired requests in the interval (scrapes; logs when printed)
-CREATE OR REPLACE VIEW _prom_deltas AS
+-- prom_deltas: every kept Prometheus series as per-scrape differences.
+--
+-- One row per series and scrape after its first: vLLM's vllm:nixl_* and
+-- vllm:prompt_tokens_by_source_total, and NIXL's agent_* exporter (agent_rx_bytes_total,
+-- agent_xfer_time_us_sum, ...). A counter that went down was reset (the process
+-- restarted), so its delta is its new value. Gauges (agent_*_last_*) are differenced
+-- too: read them from prom_samples instead.
+--
+-- Columns:
+--   instance, engine_label, model_name, metric, labels, le   the series
+--   ts, prev_ts                                            this scrape and the one before
+--   delta                                                  growth since prev_ts
+--   source_id, line_number, day                            provenance of this scrape's sample
+CREATE OR REPLACE VIEW prom_deltas AS
+SELECT * FROM (
 SELECT
     instance, engine_label, model_name, metric, labels, le, ts,
     lag(ts) OVER w AS prev_ts,
@@ -33,8 +47,12 @@ SELECT
     END AS delta,
     source_id, line_number, day
 FROM prom_samples
-WHERE metric LIKE 'vllm:nixl_%'
-WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts);
+WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts)
+)
+WHERE prev_ts IS NOT NULL;
+
+CREATE OR REPLACE VIEW _prom_deltas AS
+SELECT * FROM prom_deltas WHERE metric LIKE 'vllm:nixl_%';
 
 CREATE OR REPLACE VIEW _prom_p90 AS
 SELECT

@@ -85,3 +85,20 @@ def test_bad_lines_are_rejects_and_rescrape_adds_nothing(tmp_path):
     put(tmp_path / "in" / "x" / "copy-20260421T100010Z.prom", scrape(FIRST), T0)  # same scrape, another name
     summary = ingest([tmp_path / "in"], tmp_path / "s")
     assert summary.duplicates == before
+
+
+def test_nixl_agent_counters_become_deltas(tmp_path):
+    folder = tmp_path / "in" / "p"
+    labels = 'hostname="h1",agent_name="3f2a"'
+    for n, (rx, reqs) in enumerate([(1000, 2), (5000, 6), (700, 1)]):  # the last one after a restart
+        body = f"# TYPE agent_rx_bytes_total counter\nagent_rx_bytes_total{{{labels}}} {rx}\n"
+        body += f"agent_rx_requests_num_total{{{labels}}} {reqs}\n"
+        put(folder / f"nixl-20260421T10000{n}Z.prom", body, T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT metric, ts, delta FROM prom_deltas ORDER BY metric, ts")
+    assert got == [
+        ("agent_rx_bytes_total", T0 + 1, 4000.0),
+        ("agent_rx_bytes_total", T0 + 2, 700.0),
+        ("agent_rx_requests_num_total", T0 + 1, 4.0),
+        ("agent_rx_requests_num_total", T0 + 2, 1.0),
+    ]
