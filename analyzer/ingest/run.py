@@ -456,7 +456,7 @@ class _ObjectReader:
         if self.fmt == "vllm_log":
             return self._parse_log(row, lines, first_line, final)
         if self.fmt == "model_config":
-            self._model_config(row, lines)
+            self._model_config(row, lines, final)
         if self.fmt == "prometheus" and lines:
             self._prometheus(row, lines, first_line)
         return 0, 0
@@ -530,16 +530,17 @@ class _ObjectReader:
             self._add(row, "engines", _with_day(pa.Table.from_pylist([engine]), "ts"))
         self._reject(row, result.rejects)
 
-    def _model_config(self, row: dict, lines: _Lines) -> None:
-        # A config is small: its lines arrive in one chunk (or a few; collect them).
-        self._config_bytes = getattr(self, "_config_bytes", b"") + lines.block + b"\n"
-        try:
-            config = json.loads(self._config_bytes)
-        except (ValueError, UnicodeDecodeError) as exc:
-            if lines:
-                row["_config_error"] = str(exc)
+    def _model_config(self, row: dict, lines: _Lines, final: bool) -> None:
+        # A config is small: collect its chunks and parse it once, at the end.
+        if lines:
+            self._config_bytes = getattr(self, "_config_bytes", b"") + lines.block + b"\n"
+        if not final:
             return
-        row.pop("_config_error", None)
+        try:
+            config = json.loads(getattr(self, "_config_bytes", b""))
+        except (ValueError, UnicodeDecodeError) as exc:
+            row["_config_error"] = str(exc)
+            return
         name = config.get("_name_or_path") or (
             self.path.parent.name if self.path.name == "config.json" else self.path.stem
         )

@@ -195,6 +195,8 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
         if any(column == "ts" for _, column, _, _ in fields):
             day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
             out = out.with_columns(day.alias("day"))
+        if table == "engines":
+            out = out.with_columns(pl.lit("trace").alias("source_kind"))
         tables[table] = schema.conform(out.to_arrow())
     return tables
 
@@ -311,6 +313,8 @@ def _project(
     )
     columns = [column for _, column, _, _ in fields]
     day = ", CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in columns else ""
+    if table == "engines":
+        day += ", 'trace' AS source_kind"
     rows = con.sql(
         f"""
         SELECT {", ".join(columns)}{day}, '{source_id}' AS source_id, line_number

@@ -1,0 +1,110 @@
+"""What a simulated deployment looks like: model, engines, link, workload, injections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridtrace.errors import UsageError
+
+# Every finding kind of the contract can be injected; RATE is the share of requests (or,
+# for engine- and rank-scoped kinds, whether it happens at all).
+INJECTABLE = (
+    "padding_leak",
+    "staging_copy",
+    "useless_boundary",
+    "slow_rank",
+    "descriptor_bound",
+    "kv_expired",
+    "transfer_failed",
+    "unsharded_state",
+    "config_mismatch",
+    "recompute_cheaper",
+)
+DEFAULT_RATES = {
+    "padding_leak": 0.1,
+    "staging_copy": 0.05,
+    "useless_boundary": 0.05,
+    "slow_rank": 1.0,
+    "descriptor_bound": 0.05,
+    "kv_expired": 0.02,
+    "transfer_failed": 0.02,
+    "unsharded_state": 0.05,
+    "config_mismatch": 1.0,
+    "recompute_cheaper": 0.05,
+}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    engine_id: str
+    role: str  # prefill | decode
+    tp_size: int
+    kv_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    model: str = "nemotron-nano-12b-v2"
+    prefill_engines: int = 1
+    decode_engines: int = 1
+    prefill_tp: tuple[int, ...] = (2,)  # one per prefill engine, cycled
+    decode_tp: tuple[int, ...] = (2,)
+    kv_dtype: str = "auto"
+    ssm_dtype: str = "auto"
+    bandwidth_gb_s: float = 20.0  # effective per-read bandwidth, decimal GB/s
+    bandwidth_jitter: float = 0.08  # lognormal sigma of per-read bandwidth
+    fixed_cost_s: float = 80e-6
+    post_s_per_descriptor: float = 0.5e-6
+    poll_interval_s: float = 0.005  # engine step: completion is seen only when polled
+    duration_s: float = 120.0
+    request_rate: float = 5.0  # requests per second
+    median_prompt_tokens: int = 2000
+    prompt_sigma: float = 1.0  # lognormal: a long tail of long prompts
+    max_prompt_tokens: int = 32768
+    cache_hit_rate: float = 0.2  # share of requests the decoder already holds a prefix of
+    prefill_tokens_per_s: float = 20000.0  # destination prefill rate, for prefill_s
+    stats_interval_s: float = 10.0
+    scrape_interval_s: float = 15.0
+    era: str = "lease"  # abort | lease (vLLM's expiry wording)
+    colour: bool = False
+    seed: int = 0
+    inject: dict[str, float] = field(default_factory=dict)
+    start_ts: float = 1_776_765_600.0  # 2026-04-21 10:00:00 UTC
+
+    def engines(self) -> list[EngineSpec]:
+        out = []
+        for i in range(self.prefill_engines):
+            out.append(
+                EngineSpec(
+                    f"prefill-{i}", "prefill", self.prefill_tp[i % len(self.prefill_tp)], self.kv_dtype
+                )
+            )
+        for i in range(self.decode_engines):
+            out.append(
+                EngineSpec(f"decode-{i}", "decode", self.decode_tp[i % len(self.decode_tp)], self.kv_dtype)
+            )
+        return out
+
+
+def parse_inject(text: str | None) -> dict[str, float]:
+    """``padding_leak=0.2,slow_rank`` → rates; ``all`` injects every kind at its default."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, rate = part.partition("=")
+        names = INJECTABLE if name == "all" else (name,)
+        for kind in names:
+            if kind not in INJECTABLE:
+                raise UsageError(f"--inject: unknown kind {kind!r} (known: all, {', '.join(INJECTABLE)})")
+            try:
+                value = float(rate) if rate else DEFAULT_RATES[kind]
+            except ValueError as exc:
+                raise UsageError(f"--inject: {part!r} needs a number after '='") from exc
+            if not 0 <= value <= 1:
+                raise UsageError(f"--inject: the rate of {kind} must be between 0 and 1")
+            out[kind] = value
+    return out
