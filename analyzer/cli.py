@@ -235,6 +235,131 @@ def query_command(
     typer.echo(render_rows(rows, fmt, columns))
 
 
+@app.command("simulate")
+def simulate_command(
+    out: Annotated[str, typer.Option("--out", help="Folder to write the bundle and truth.json into.")],
+    seed: Annotated[int, typer.Option(help="Seed: the same seed writes the same bytes.")] = 0,
+    requests: Annotated[
+        int | None, typer.Option(help="Exactly this many requests (else rate x duration).")
+    ] = None,
+    model: Annotated[
+        str, typer.Option(help="Built-in model name or a config.json.")
+    ] = "nemotron-nano-12b-v2",
+    prefill: Annotated[int, typer.Option(help="Prefill engines.")] = 1,
+    decode: Annotated[int, typer.Option(help="Decode engines.")] = 1,
+    prefill_tp: Annotated[
+        str, typer.Option(help="TP of each prefill engine, comma-separated, cycled.")
+    ] = "2",
+    decode_tp: Annotated[str, typer.Option(help="TP of each decode engine, comma-separated, cycled.")] = "2",
+    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype of every engine.")] = "auto",
+    ssm_dtype: Annotated[str, typer.Option(help="SSM state dtype.")] = "auto",
+    bandwidth: Annotated[str, typer.Option(help="Effective per-read link bandwidth.")] = "20GB/s",
+    fixed_cost: Annotated[str, typer.Option(help="Fixed cost per read.")] = "80us",
+    duration: Annotated[str, typer.Option(help="Traffic duration.")] = "120s",
+    rate: Annotated[float, typer.Option(help="Requests per second.")] = 5.0,
+    median_prompt: Annotated[int, typer.Option(help="Median prompt length (lognormal, long tail).")] = 2000,
+    cache_hit_rate: Annotated[
+        float, typer.Option(help="Share of requests with a cached prefix on the decoder.")
+    ] = 0.2,
+    era: Annotated[str, typer.Option(help="vLLM expiry wording: abort or lease.")] = "lease",
+    colour: Annotated[bool, typer.Option("--colour/--no-colour", help="ANSI colour in the logs.")] = False,
+    inject: Annotated[
+        str | None, typer.Option(help="KIND[=RATE],... or 'all' (rates are shares of requests).")
+    ] = None,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """Write a simulated deployment's telemetry bundle and its ground truth."""
+    from hybridtrace.simulate import SimOptions, parse_inject, simulate
+
+    if era not in ("abort", "lease"):
+        raise UsageError("--era must be abort or lease")
+    options = SimOptions(
+        model=model,
+        prefill_engines=prefill,
+        decode_engines=decode,
+        prefill_tp=tuple(parse_int_list(prefill_tp)),
+        decode_tp=tuple(parse_int_list(decode_tp)),
+        kv_dtype=kv_dtype,
+        ssm_dtype=ssm_dtype,
+        bandwidth_gb_s=parse_rate(bandwidth) / 1e9,
+        fixed_cost_s=parse_duration(fixed_cost),
+        duration_s=parse_duration(duration),
+        request_rate=rate,
+        requests=requests,
+        median_prompt_tokens=median_prompt,
+        cache_hit_rate=cache_hit_rate,
+        era=era,
+        colour=colour,
+        seed=seed,
+        inject=parse_inject(inject),
+    )
+    if prefill < 1 or decode < 1:
+        raise UsageError("--prefill and --decode need at least one engine each")
+    truth = simulate(options, out)
+    if fmt is OutputFormat.json:
+        typer.echo(to_json({"out": out, "inputs": truth["inputs"], "summary": truth["summary"]}))
+        return
+    counts = truth["inputs"]
+    injected = ", ".join(f"{k} {v}" for k, v in sorted(truth["summary"]["injected"].items())) or "none"
+    natural = ", ".join(f"{k} {v}" for k, v in sorted(truth["summary"]["natural"].items())) or "none"
+    typer.echo(
+        to_pairs(
+            [
+                ("bundle", out),
+                (
+                    "records",
+                    f"{counts['requests']:,} requests, {counts['transfers']:,} reads, "
+                    f"{counts['engines']} engines",
+                ),
+                (
+                    "native",
+                    f"{counts['log_intervals']} KV Transfer metrics lines, {counts['prom_scrapes']} scrapes",
+                ),
+                ("injected", injected),
+                ("also true", natural),
+                ("truth", f"{out}/truth.json"),
+                ("time", f"{truth['seconds']:.2f} s"),
+            ]
+        )
+    )
+
+
+@app.command("demo")
+def demo_command(
+    directory: Annotated[
+        str | None,
+        typer.Option("--dir", help="Where to put the bundle and the store (default: a new temp dir)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Simulator seed.")] = 0,
+) -> None:
+    """Simulate a P/D deployment, ingest it, and show what hybridtrace sees."""
+    from hybridtrace.demo import run_demo
+
+    result = run_demo(directory, seed=seed)
+    counts = result.truth["inputs"]
+    typer.echo(
+        f"Simulated {counts['requests']:,} requests ({counts['transfers']:,} NIXL reads) of a disaggregated "
+        f"Nemotron Nano 12B v2 deployment; ingested {result.ingest.objects_read} files."
+    )
+    for title, rows in result.sections:
+        typer.echo(f"\n{title}\n")
+        typer.echo(to_table(rows) if rows else "(no rows)")
+    injected = ", ".join(f"{k} {v}" for k, v in sorted(result.truth["summary"]["injected"].items()))
+    typer.echo(
+        "\n"
+        + to_pairs(
+            [
+                ("injected on purpose", injected or "none"),
+                ("bundle", str(result.bundle)),
+                ("truth", str(result.bundle / "truth.json")),
+                ("store", str(result.store)),
+                ("explore", f'hybridtrace query "SELECT * FROM rank_bandwidth" --store {result.store}'),
+                ("time", f"{result.seconds:.1f} s"),
+            ]
+        )
+    )
+
+
 def _model_table(m: dict) -> str:
     pairs: list[tuple[str, str]] = []
     if m["source"] == "raw":

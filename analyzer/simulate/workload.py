@@ -144,7 +144,9 @@ def build(options: SimOptions) -> Deployment:
     n = 0
     while True:
         ts += rng.expovariate(options.request_rate)
-        if ts >= end:
+        if (options.requests is None and ts >= end) or (
+            options.requests is not None and n >= options.requests
+        ):
             break
         p_engine = prefills[n % len(prefills)]
         d_engine = decodes[n % len(decodes)]

@@ -20,6 +20,7 @@ import json
 import math
 import os
 from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 
 from hybridtrace.simulate.workload import Deployment, Read
@@ -77,6 +78,10 @@ def write_bundle(deployment: Deployment, out: Path) -> dict:
     """Write the bundle under ``out``; returns the counts the truth also records."""
     options = deployment.options
     out.mkdir(parents=True, exist_ok=True)
+    last = max((r.ts for r in deployment.requests), default=options.start_ts)
+    if options.requests is not None:
+        options = replace(options, duration_s=max(1.0, last - options.start_ts + 1.0))
+        deployment.options = options
     end = options.start_ts + options.duration_s + 5.0
     counts = {"transfers": 0, "requests": 0, "engines": 0, "log_intervals": 0, "prom_scrapes": 0}
     # The config sits in a folder named as the engines name their model.
