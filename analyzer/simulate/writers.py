@@ -19,8 +19,8 @@ import gzip
 import json
 import math
 import os
-from datetime import UTC, datetime
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hybridtrace.simulate.workload import Deployment, Read
