@@ -1,348 +1,30 @@
-"""Requests and NIXL reads of a simulated P/D deployment, physically consistent.
+"""Requests and NIXL reads of a simulated P/D deployment, generated column-wise.
 
 Each request's missing prefix decides its bytes through the byte model of the decode
 engine's TP: attention blocks move whole (``ceil(T / block) * block * B``) and the
 recurrent state moves unpadded (``S * J``), split evenly over the reads a decode rank
-makes when the prefill engine has more ranks. Times follow a link model — fixed cost,
-descriptor posting, bytes over a jittered bandwidth — and a read's completion is seen
-only at the next engine step, as vLLM polls, so ``xfer_s`` carries that delay.
-Injected faults change exactly the records they concern and are listed in the truth.
+makes when the prefill engine has more ranks (vLLM's tp_ratio routing). Times follow a
+link model — fixed cost, descriptor posting, bytes over a jittered bandwidth — and a
+read's completion is seen only at the next engine step, as vLLM polls, so ``xfer_s``
+carries that delay. Injected faults change exactly the records they concern and are
+listed in the truth.
+
+Everything is a polars expression over all requests or reads at once, with random draws
+from hashing (seed, stream, row): a million requests take seconds, and a seed gives the
+same bundle.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import polars as pl
 
 from hybridtrace.model import ByteModel, SizingOptions, geometry_from_config, load_config, size_model
-from hybridtrace.model.geometry import ModelGeometry
 from hybridtrace.simulate.scenario import EngineSpec, SimOptions
 
 KERNEL_BLOCK = 16  # physical attention block: descriptors are per kernel block
-
-
-@dataclass
-class Read:
-    ts: float
-    request_id: str
-    remote_request_id: str
-    engine_id: str
-    remote_engine_id: str
-    rank: int
-    tp_size: int
-    remote_rank: int
-    remote_tp_size: int
-    status: str
-    post_s: float
-    xfer_s: float
-    bytes: int
-    descriptors: int
-    staging_bytes: int
-    link: str
-    groups: list[dict]
-
-    @property
-    def done_ts(self) -> float:
-        return self.ts + self.xfer_s
-
-    def record(self) -> dict:
-        out = {"type": "transfer", "v": 1, **self.__dict__}
-        out["bytes"] = self.bytes
-        return out
-
-
-@dataclass
-class Request:
-    ts: float
-    request_id: str
-    remote_request_id: str
-    engine_id: str
-    remote_engine_id: str
-    prompt_tokens: int
-    cached_tokens: int
-    missing_tokens: int
-    transferred_tokens: int
-    reused_tokens: int
-    recomputed_tokens: int
-    state_blocks: int
-    boundary_tokens: int
-    prefill_s: float
-    status: str
-    reads: list[Read] = field(default_factory=list)
-    injected: list[str] = field(default_factory=list)
-
-    def record(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("reads", "injected")}
-        return {"type": "request", "v": 1, **out}
-
-
-@dataclass
-class Deployment:
-    options: SimOptions
-    model_name: str
-    config: dict
-    geometry: ModelGeometry
-    engines: list[EngineSpec]
-    byte_models: dict[str, ByteModel]  # by engine_id, at the engine's TP
-    requests: list[Request]
-    truth: list[dict]
-
-
-def _sized(geometry: ModelGeometry, engine: EngineSpec, options: SimOptions) -> ByteModel:
-    return size_model(
-        geometry, SizingOptions(tp_size=engine.tp_size, kv_dtype=engine.kv_dtype, ssm_dtype=options.ssm_dtype)
-    )
-
-
-def _targets(rank: int, local_tp: int, remote_tp: int) -> list[int]:
-    """Prefill ranks one decode rank reads from (vLLM's tp_ratio routing)."""
-    if local_tp >= remote_tp:
-        return [rank // (local_tp // remote_tp)]
-    ratio = remote_tp // local_tp
-    return [rank * ratio + i for i in range(ratio)]
-
-
-def build(options: SimOptions) -> Deployment:
-    """The deployment and every request of the workload, deterministic for a seed."""
-    rng = random.Random(options.seed)
-    config, name = load_config(options.model)
-    geometry = geometry_from_config(config, name)
-    engines = options.engines()
-    if "config_mismatch" in options.inject:
-        # One pair disagrees on the KV dtype: the prefill engine runs fp8 KV.
-        prefill = next(e for e in engines if e.role == "prefill")
-        engines = [EngineSpec(e.engine_id, e.role, e.tp_size, "fp8") if e is prefill else e for e in engines]
-    byte_models = {e.engine_id: _sized(geometry, e, options) for e in engines}
-    prefills = [e for e in engines if e.role == "prefill"]
-    decodes = [e for e in engines if e.role == "decode"]
-    truth: list[dict] = []
-    slow = None
-    if options.inject.get("slow_rank") and decodes:
-        slow = (decodes[0].engine_id, decodes[0].tp_size - 1)
-        truth.append(
-            _finding(
-                "slow_rank",
-                decodes[0].engine_id,
-                rank=slow[1],
-                message="decode rank reads at 30% of its peers' bandwidth",
-            )
-        )
-    if "config_mismatch" in options.inject and prefills and decodes:
-        truth.append(
-            _finding(
-                "config_mismatch",
-                decodes[0].engine_id,
-                remote=prefills[0].engine_id,
-                message="prefill runs fp8 KV, decode runs its model dtype",
-                severity="error",
-            )
-        )
-    requests: list[Request] = []
-    ts = options.start_ts
-    end = options.start_ts + options.duration_s
-    n = 0
-    while True:
-        ts += rng.expovariate(options.request_rate)
-        if (options.requests is None and ts >= end) or (
-            options.requests is not None and n >= options.requests
-        ):
-            break
-        p_engine = prefills[n % len(prefills)]
-        d_engine = decodes[n % len(decodes)]
-        request = _request(rng, options, n, ts, p_engine, d_engine, byte_models, slow, truth)
-        requests.append(request)
-        n += 1
-    return Deployment(options, name, config, geometry, engines, byte_models, requests, truth)
-
-
-def _finding(
-    kind: str,
-    engine_id: str,
-    *,
-    rank: int | None = None,
-    request_id: str | None = None,
-    remote: str | None = None,
-    message: str = "",
-    severity: str = "warning",
-    evidence: dict | None = None,
-    injected: bool = True,
-) -> dict:
-    return {
-        "kind": kind,
-        "severity": severity,
-        "engine_id": engine_id,
-        "rank": rank,
-        "request_id": request_id,
-        "remote_engine_id": remote,
-        "start_ts": None,
-        "end_ts": None,
-        "message": message,
-        "evidence": {**(evidence or {}), "injected": injected},
-    }
-
-
-def _request(
-    rng: random.Random,
-    options: SimOptions,
-    n: int,
-    ts: float,
-    p_engine: EngineSpec,
-    d_engine: EngineSpec,
-    byte_models: dict[str, ByteModel],
-    slow: tuple[str, int] | None,
-    truth: list[dict],
-) -> Request:
-    model = byte_models[d_engine.engine_id]
-    block = model.block_tokens or KERNEL_BLOCK
-    prompt = int(
-        min(
-            options.max_prompt_tokens,
-            max(32, rng.lognormvariate(math.log(options.median_prompt_tokens), options.prompt_sigma)),
-        )
-    )
-    cached = 0
-    if rng.random() < options.cache_hit_rate:
-        # The decoder holds a prefix on block boundaries (prefix caching shares whole blocks).
-        cached = min((int(prompt * rng.random()) // block) * block, max(0, (prompt - 2) // block * block))
-    missing = prompt - 1 - cached  # vLLM's N-1 prefill: the decoder recomputes the last token
-    rid = f"cmpl-{options.seed:x}{n:07d}-0-{rng.getrandbits(32):08x}"
-    remote_rid = f"cmpl-{options.seed:x}{n:07d}-0-{rng.getrandbits(32):08x}"
-    inject = [
-        k
-        for k, rate in sorted(options.inject.items())
-        if k not in ("slow_rank", "config_mismatch") and rng.random() < rate
-    ]
-    prefill_s = missing / options.prefill_tokens_per_s * (1 + 0.05 * rng.random())
-    reused, recomputed, boundary = missing, 1, cached + missing
-    if "useless_boundary" in inject:
-        # The state arrived for an earlier boundary than the attention KV: the tail the
-        # decoder cannot resume from is prefilled again.
-        boundary = cached + missing // 2
-        reused = missing // 2
-        recomputed = missing - reused + 1
-    request = Request(
-        ts=round(ts + 0.02, 6),
-        request_id=rid,
-        remote_request_id=remote_rid,
-        engine_id=d_engine.engine_id,
-        remote_engine_id=p_engine.engine_id,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        missing_tokens=missing,
-        transferred_tokens=missing,
-        reused_tokens=reused,
-        recomputed_tokens=recomputed,
-        state_blocks=1,
-        boundary_tokens=boundary,
-        prefill_s=round(prefill_s, 6),
-        status="ok",
-        injected=inject,
-    )
-    # The prefill engine computes the prompt first; the decoder reads once it is done.
-    post = ts + prompt / (options.prefill_tokens_per_s * 2)
-    failed_rank = rng.randrange(d_engine.tp_size) if "transfer_failed" in inject else None
-    fat_rank = rng.randrange(d_engine.tp_size) if "unsharded_state" in inject else None
-    congested = "recompute_cheaper" in inject
-    for rank in range(d_engine.tp_size):
-        targets = _targets(rank, d_engine.tp_size, p_engine.tp_size)
-        for remote_rank in targets:
-            share = len(targets)
-            blocks = -(-missing // block)
-            attention = blocks * block * model.attention_bytes_per_token // share
-            state = model.state_bytes // share
-            if "padding_leak" in inject:
-                state = (model.mamba_padded_page_bytes or 0) * (model.recurrent_layers or 0) // share
-            if fat_rank == rank:
-                state = byte_models_tp1_state(model) // share
-            kernel_blocks = blocks * (block // KERNEL_BLOCK)
-            descriptors = (
-                kernel_blocks * (model.attention_layers or 0) * 2 + (model.recurrent_layers or 0) * 2
-            ) // share
-            post_s = 20e-6 + descriptors * options.post_s_per_descriptor
-            if "descriptor_bound" in inject:
-                descriptors *= 40
-                post_s = 20e-6 + descriptors * options.post_s_per_descriptor * 25
-            bandwidth = options.bandwidth_gb_s * 1e9 * rng.lognormvariate(0, options.bandwidth_jitter)
-            if slow == (d_engine.engine_id, rank):
-                bandwidth *= 0.3
-            if congested:
-                bandwidth *= 0.02
-            size = attention + state
-            wire = options.fixed_cost_s + post_s + size / bandwidth
-            # completion is observed at the next engine step after it happened
-            done = post + wire
-            seen = math.ceil(done / options.poll_interval_s) * options.poll_interval_s + 1e-6
-            status = "ok"
-            if failed_rank == rank:
-                status = "failed"
-            if "kv_expired" in inject:
-                status = "expired"
-            staging = size if "staging_copy" in inject else 0
-            groups = [
-                {
-                    "group": 0,
-                    "kind": "attention",
-                    "blocks": blocks,
-                    "bytes": attention,
-                    "descriptors": descriptors - (model.recurrent_layers or 0) * 2 // share,
-                },
-                {
-                    "group": 1,
-                    "kind": "mamba",
-                    "blocks": 1,
-                    "bytes": state,
-                    "descriptors": (model.recurrent_layers or 0) * 2 // share,
-                },
-            ]
-            request.reads.append(
-                Read(
-                    ts=round(post, 6),
-                    request_id=rid,
-                    remote_request_id=remote_rid,
-                    engine_id=d_engine.engine_id,
-                    remote_engine_id=p_engine.engine_id,
-                    rank=rank,
-                    tp_size=d_engine.tp_size,
-                    remote_rank=remote_rank,
-                    remote_tp_size=p_engine.tp_size,
-                    status=status,
-                    post_s=round(post_s, 9),
-                    xfer_s=round(seen - post, 9),
-                    bytes=size,
-                    descriptors=descriptors,
-                    staging_bytes=staging,
-                    link="rdma:mlx5_0",
-                    groups=groups,
-                )
-            )
-    if failed_rank is not None:
-        request.status = "failed"
-    if "kv_expired" in inject:
-        request.status = "expired"
-    critical = max(r.xfer_s for r in request.reads)
-    for kind in inject:
-        truth.append(_request_finding(kind, request, d_engine, fat_rank, failed_rank))
-    if "recompute_cheaper" not in inject and request.status == "ok" and critical > request.prefill_s:
-        truth.append(
-            _finding(
-                "recompute_cheaper",
-                d_engine.engine_id,
-                request_id=rid,
-                remote=p_engine.engine_id,
-                message="the handoff took longer than prefilling the missing prefix on the decoder",
-                evidence={"critical_path_s": critical, "prefill_s": request.prefill_s},
-                injected=False,
-            )
-        )
-    return request
-
-
-def byte_models_tp1_state(model: ByteModel) -> int:
-    """State bytes of a rank that pulled every rank's shard: the unsharded state."""
-    return model.state_bytes * model.tp_size
-
-
 _MESSAGES = {
     "padding_leak": ("the recurrent state crossed as padded allocator pages", "warning"),
     "staging_copy": ("the read went through a host staging buffer", "warning"),
@@ -353,19 +35,376 @@ _MESSAGES = {
     "unsharded_state": ("a decode rank pulled the whole recurrent state, not its shard", "warning"),
     "recompute_cheaper": ("the handoff took longer than prefilling the missing prefix", "warning"),
 }
+REQUEST_KINDS = tuple(_MESSAGES)
 
 
-def _request_finding(
-    kind: str, request: Request, engine: EngineSpec, fat_rank: int | None, failed_rank: int | None
-) -> dict:
-    message, severity = _MESSAGES[kind]
-    rank = fat_rank if kind == "unsharded_state" else failed_rank if kind == "transfer_failed" else None
-    return _finding(
-        kind,
-        engine.engine_id,
-        rank=rank,
-        request_id=request.request_id,
-        remote=request.remote_engine_id,
-        message=message,
-        severity=severity,
+@dataclass
+class Deployment:
+    options: SimOptions
+    model_name: str
+    config: dict
+    engines: list[EngineSpec]
+    byte_models: dict[str, ByteModel]  # by engine_id, at the engine's TP
+    requests: pl.DataFrame  # one row per request (trace `request` fields + internals)
+    reads: pl.DataFrame  # one row per NIXL read (trace `transfer` fields + done_ts)
+    truth: list[dict]
+
+
+def uniform(seed: int, stream: int, n: int) -> pl.Series:
+    """``n`` uniform draws in [0, 1) for (seed, stream): reproducible, no Python loop."""
+    hashed = pl.int_range(0, n, eager=True, dtype=pl.UInt64).hash(seed * 1_000_003 + stream)
+    return ((hashed // (1 << 11)).cast(pl.Float64) / float(1 << 53)).alias("u")
+
+
+def normal(seed: int, stream: int, n: int) -> pl.Series:
+    """Standard normal draws (Box-Muller over two uniform streams)."""
+    u1 = uniform(seed, stream, n).clip(1e-12, 1.0)
+    u2 = uniform(seed, stream + 1, n)
+    return ((-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()).alias("z")
+
+
+def _finding(kind: str, engine_id: str, **fields: object) -> dict:
+    message, severity = _MESSAGES.get(kind, ("", "warning"))
+    out = {
+        "kind": kind,
+        "severity": fields.pop("severity", severity),
+        "engine_id": engine_id,
+        "rank": fields.pop("rank", None),
+        "request_id": fields.pop("request_id", None),
+        "remote_engine_id": fields.pop("remote_engine_id", None),
+        "start_ts": None,
+        "end_ts": None,
+        "message": fields.pop("message", message),
+        "evidence": {**fields.pop("evidence", {}), "injected": fields.pop("injected", True)},
+    }
+    return out
+
+
+def build(options: SimOptions) -> Deployment:
+    """The deployment, its requests and reads; deterministic for a seed."""
+    config, name = load_config(options.model)
+    geometry = geometry_from_config(config, name)
+    engines = options.engines()
+    if "config_mismatch" in options.inject:
+        # One pair disagrees on the KV dtype: the first prefill engine runs fp8 KV.
+        first = next(e for e in engines if e.role == "prefill")
+        engines = [EngineSpec(e.engine_id, e.role, e.tp_size, "fp8") if e is first else e for e in engines]
+    byte_models = {
+        e.engine_id: size_model(
+            geometry, SizingOptions(tp_size=e.tp_size, kv_dtype=e.kv_dtype, ssm_dtype=options.ssm_dtype)
+        )
+        for e in engines
+    }
+    prefills = [e for e in engines if e.role == "prefill"]
+    decodes = [e for e in engines if e.role == "decode"]
+    requests = _requests(options, prefills, decodes, byte_models)
+    reads = _reads(options, requests, decodes)
+    requests = _settle(requests, reads)
+    truth = _truth(options, requests, reads, prefills, decodes)
+    return Deployment(options, name, config, engines, byte_models, requests, reads, truth)
+
+
+def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, ByteModel]) -> pl.DataFrame:
+    seed = options.seed
+    if options.requests is not None:
+        n_draw = options.requests
+    else:
+        n_draw = int(options.request_rate * options.duration_s * 1.3 + 50)
+    gaps = -(1.0 - uniform(seed, 1, n_draw)).log() / options.request_rate
+    frame = pl.DataFrame({"arrival": options.start_ts + gaps.cum_sum()}).with_row_index("n")
+    if options.requests is None:
+        frame = frame.filter(pl.col("arrival") < options.start_ts + options.duration_s)
+    n = frame.height
+    decode_table = pl.DataFrame(
+        {
+            "d_index": list(range(len(decodes))),
+            "engine_id": [e.engine_id for e in decodes],
+            "tp_size": [e.tp_size for e in decodes],
+            "block": [byte_models[e.engine_id].block_tokens or KERNEL_BLOCK for e in decodes],
+            "b_token": [byte_models[e.engine_id].attention_bytes_per_token for e in decodes],
+            "s_bytes": [byte_models[e.engine_id].state_bytes for e in decodes],
+            "padded_state": [
+                (byte_models[e.engine_id].mamba_padded_page_bytes or 0)
+                * (byte_models[e.engine_id].recurrent_layers or 0)
+                for e in decodes
+            ],
+            "attn_layers": [byte_models[e.engine_id].attention_layers or 0 for e in decodes],
+            "rec_layers": [byte_models[e.engine_id].recurrent_layers or 0 for e in decodes],
+        },
+        schema_overrides={"d_index": pl.UInt32, "tp_size": pl.Int32},
     )
+    prefill_table = pl.DataFrame(
+        {
+            "p_index": list(range(len(prefills))),
+            "remote_engine_id": [e.engine_id for e in prefills],
+            "remote_tp_size": [e.tp_size for e in prefills],
+        },
+        schema_overrides={"p_index": pl.UInt32, "remote_tp_size": pl.Int32},
+    )
+    z = normal(seed, 2, n)
+    prompt = (math.log(options.median_prompt_tokens) + options.prompt_sigma * z).exp()
+    frame = frame.with_columns(
+        prompt.clip(32, options.max_prompt_tokens).cast(pl.Int64).alias("prompt_tokens"),
+        (uniform(seed, 4, n) < options.cache_hit_rate).alias("hit"),
+        uniform(seed, 5, n).alias("u_cached"),
+        (pl.col("n") % len(decodes)).cast(pl.UInt32).alias("d_index"),
+        (pl.col("n") % len(prefills)).cast(pl.UInt32).alias("p_index"),
+        (uniform(seed, 6, n) * 2**32).cast(pl.UInt64).alias("rid_a"),
+        (uniform(seed, 7, n) * 2**32).cast(pl.UInt64).alias("rid_b"),
+        uniform(seed, 8, n).alias("u_prefill"),
+        uniform(seed, 9, n).alias("u_rank"),
+    )
+    frame = frame.join(decode_table, on="d_index", how="left").join(prefill_table, on="p_index", how="left")
+    block = pl.col("block")
+    cached = (
+        pl.when(pl.col("hit"))
+        .then(
+            pl.min_horizontal(
+                (pl.col("prompt_tokens") * pl.col("u_cached")).cast(pl.Int64) // block * block,
+                (pl.col("prompt_tokens") - 2) // block * block,
+            ).clip(0)
+        )
+        .otherwise(0)
+    )
+    frame = frame.with_columns(cached.alias("cached_tokens")).with_columns(
+        (pl.col("prompt_tokens") - 1 - pl.col("cached_tokens")).alias("missing_tokens")
+    )
+    stream = 20
+    for kind in sorted(options.inject):
+        if kind in REQUEST_KINDS:
+            frame = frame.with_columns((uniform(seed, stream, n) < options.inject[kind]).alias(f"x_{kind}"))
+        stream += 1
+    for kind in REQUEST_KINDS:
+        if f"x_{kind}" not in frame.columns:
+            frame = frame.with_columns(pl.lit(False).alias(f"x_{kind}"))
+    prefix = f"cmpl-{options.seed:x}"
+    useless = pl.col("x_useless_boundary")
+    half = pl.col("missing_tokens") // 2
+    return frame.with_columns(
+        (pl.col("arrival") + 0.02).round(6).alias("ts"),
+        pl.format(
+            "{}{}-0-{}",
+            pl.lit(prefix),
+            pl.col("n").cast(pl.String).str.zfill(7),
+            pl.col("rid_a").cast(pl.String).str.zfill(10),
+        ).alias("request_id"),
+        pl.format(
+            "{}{}-0-{}",
+            pl.lit(prefix),
+            pl.col("n").cast(pl.String).str.zfill(7),
+            pl.col("rid_b").cast(pl.String).str.zfill(10),
+        ).alias("remote_request_id"),
+        pl.col("missing_tokens").alias("transferred_tokens"),
+        pl.when(useless).then(half).otherwise(pl.col("missing_tokens")).alias("reused_tokens"),
+        pl.when(useless).then(pl.col("missing_tokens") - half + 1).otherwise(1).alias("recomputed_tokens"),
+        pl.lit(1, pl.Int64).alias("state_blocks"),
+        pl.when(useless)
+        .then(pl.col("cached_tokens") + half)
+        .otherwise(pl.col("cached_tokens") + pl.col("missing_tokens"))
+        .alias("boundary_tokens"),
+        (pl.col("missing_tokens") / options.prefill_tokens_per_s * (1 + 0.05 * pl.col("u_prefill")))
+        .round(6)
+        .alias("prefill_s"),
+        # the prefill engine computes the prompt before the decoder can read it
+        (pl.col("arrival") + pl.col("prompt_tokens") / (options.prefill_tokens_per_s * 2)).alias("post"),
+        (pl.col("u_rank") * pl.col("tp_size")).cast(pl.Int32).alias("chosen_rank"),
+    )
+
+
+def _reads(options: SimOptions, requests: pl.DataFrame, decodes) -> pl.DataFrame:
+    seed = options.seed
+    frame = requests.select(
+        "n",
+        "ts",
+        "post",
+        "request_id",
+        "remote_request_id",
+        "engine_id",
+        "remote_engine_id",
+        "tp_size",
+        "remote_tp_size",
+        "missing_tokens",
+        "block",
+        "b_token",
+        "s_bytes",
+        "padded_state",
+        "attn_layers",
+        "rec_layers",
+        "chosen_rank",
+        *[f"x_{k}" for k in REQUEST_KINDS],
+    )
+    share = pl.max_horizontal(pl.lit(1), pl.col("remote_tp_size") // pl.col("tp_size"))
+    frame = frame.with_columns(
+        share.alias("share"), pl.int_ranges(0, pl.col("tp_size")).alias("rank")
+    ).explode("rank")
+    frame = frame.with_columns(pl.int_ranges(0, pl.col("share")).alias("part")).explode("part")
+    ratio = pl.col("tp_size") // pl.col("remote_tp_size")
+    remote_rank = (
+        pl.when(pl.col("tp_size") >= pl.col("remote_tp_size"))
+        .then(pl.col("rank") // ratio)
+        .otherwise(pl.col("rank") * pl.col("share") + pl.col("part"))
+    )
+    m = frame.height
+    blocks = (pl.col("missing_tokens") + pl.col("block") - 1) // pl.col("block")
+    frame = frame.with_columns(
+        remote_rank.cast(pl.Int32).alias("remote_rank"),
+        pl.col("rank").cast(pl.Int32),
+        blocks.alias("blocks"),
+        normal(seed, 40, m).alias("z_bw"),
+    )
+    attention = pl.col("blocks") * pl.col("block") * pl.col("b_token") // pl.col("share")
+    state = pl.when(pl.col("x_unsharded_state") & (pl.col("rank") == pl.col("chosen_rank"))).then(
+        pl.col("s_bytes") * pl.col("tp_size")
+    ).when(pl.col("x_padding_leak")).then(pl.col("padded_state")).otherwise(pl.col("s_bytes")) // pl.col(
+        "share"
+    )
+    state_descs = pl.col("rec_layers") * 2 // pl.col("share")
+    descs = (pl.col("blocks") * (pl.col("block") // KERNEL_BLOCK) * pl.col("attn_layers") * 2) // pl.col(
+        "share"
+    ) + state_descs
+    frame = frame.with_columns(
+        attention.alias("attention"),
+        state.alias("state"),
+        descs.alias("base_descs"),
+        state_descs.alias("state_descs"),
+    )
+    descriptor_bound = pl.col("x_descriptor_bound")
+    descriptors = pl.when(descriptor_bound).then(pl.col("base_descs") * 40).otherwise(pl.col("base_descs"))
+    post_s = 20e-6 + descriptors * options.post_s_per_descriptor * pl.when(descriptor_bound).then(
+        25.0
+    ).otherwise(1.0)
+    bandwidth = options.bandwidth_gb_s * 1e9 * (options.bandwidth_jitter * pl.col("z_bw")).exp()
+    if options.inject.get("slow_rank") and decodes:
+        slow_engine, slow_rank = decodes[0].engine_id, decodes[0].tp_size - 1
+        bandwidth = (
+            pl.when((pl.col("engine_id") == slow_engine) & (pl.col("rank") == slow_rank))
+            .then(bandwidth * 0.3)
+            .otherwise(bandwidth)
+        )
+    bandwidth = pl.when(pl.col("x_recompute_cheaper")).then(bandwidth * 0.02).otherwise(bandwidth)
+    frame = frame.with_columns(
+        descriptors.alias("descriptors"),
+        post_s.round(9).alias("post_s"),
+        (pl.col("attention") + pl.col("state")).alias("bytes"),
+        bandwidth.alias("bandwidth"),
+    )
+    done = pl.col("post") + options.fixed_cost_s + pl.col("post_s") + pl.col("bytes") / pl.col("bandwidth")
+    poll = options.poll_interval_s
+    seen = (done / poll).ceil() * poll + 1e-6  # completion is observed at the next engine step
+    status = (
+        pl.when(pl.col("x_kv_expired"))
+        .then(pl.lit("expired"))
+        .when(pl.col("x_transfer_failed") & (pl.col("rank") == pl.col("chosen_rank")))
+        .then(pl.lit("failed"))
+        .otherwise(pl.lit("ok"))
+    )
+    frame = frame.with_columns(
+        pl.col("post").round(6).alias("ts"),
+        (seen - pl.col("post")).round(9).alias("xfer_s"),
+        status.alias("status"),
+        pl.when(pl.col("x_staging_copy")).then(pl.col("bytes")).otherwise(0).alias("staging_bytes"),
+        pl.lit("rdma:mlx5_0").alias("link"),
+    )
+    groups = pl.concat_list(
+        pl.struct(
+            pl.lit(0).alias("group"),
+            pl.lit("attention").alias("kind"),
+            pl.col("blocks").alias("blocks"),
+            pl.col("attention").alias("bytes"),
+            (pl.col("descriptors") - pl.col("state_descs")).alias("descriptors"),
+        ),
+        pl.struct(
+            pl.lit(1).alias("group"),
+            pl.lit("mamba").alias("kind"),
+            pl.lit(1, pl.Int64).alias("blocks"),
+            pl.col("state").alias("bytes"),
+            pl.col("state_descs").alias("descriptors"),
+        ),
+    )
+    return frame.with_columns(
+        groups.alias("groups"), (pl.col("ts") + pl.col("xfer_s")).alias("done_ts")
+    ).select(
+        "n",
+        "ts",
+        "request_id",
+        "remote_request_id",
+        "engine_id",
+        "remote_engine_id",
+        "rank",
+        "tp_size",
+        "remote_rank",
+        "remote_tp_size",
+        "status",
+        "post_s",
+        "xfer_s",
+        "bytes",
+        "descriptors",
+        "staging_bytes",
+        "link",
+        "groups",
+        "done_ts",
+        *[f"x_{k}" for k in REQUEST_KINDS],
+        "chosen_rank",
+    )
+
+
+def _settle(requests: pl.DataFrame, reads: pl.DataFrame) -> pl.DataFrame:
+    """Each request's status and critical path (its slowest read, post to completion)."""
+    per_request = reads.group_by("n").agg(
+        pl.col("xfer_s").max().alias("critical_s"), (pl.col("status") == "failed").any().alias("any_failed")
+    )
+    status = (
+        pl.when(pl.col("x_kv_expired"))
+        .then(pl.lit("expired"))
+        .when(pl.col("any_failed"))
+        .then(pl.lit("failed"))
+        .otherwise(pl.lit("ok"))
+    )
+    return requests.join(per_request, on="n", how="left").with_columns(status.alias("status")).sort("n")
+
+
+def _truth(options: SimOptions, requests: pl.DataFrame, reads: pl.DataFrame, prefills, decodes) -> list[dict]:
+    truth: list[dict] = []
+    if options.inject.get("slow_rank") and decodes:
+        truth.append(
+            _finding(
+                "slow_rank",
+                decodes[0].engine_id,
+                rank=decodes[0].tp_size - 1,
+                message="decode rank reads at 30% of its peers' bandwidth",
+            )
+        )
+    if "config_mismatch" in options.inject and prefills and decodes:
+        truth.append(
+            _finding(
+                "config_mismatch",
+                decodes[0].engine_id,
+                remote_engine_id=prefills[0].engine_id,
+                message="prefill runs fp8 KV, decode runs its model dtype",
+                severity="error",
+            )
+        )
+    columns = ["request_id", "engine_id", "remote_engine_id", "chosen_rank"]
+    for kind in REQUEST_KINDS:
+        hits = requests.filter(pl.col(f"x_{kind}")).select(columns)
+        for request_id, engine_id, remote, chosen in hits.iter_rows():
+            rank = chosen if kind in ("unsharded_state", "transfer_failed") else None
+            truth.append(_finding(kind, engine_id, rank=rank, request_id=request_id, remote_engine_id=remote))
+    natural = requests.filter(
+        ~pl.col("x_recompute_cheaper")
+        & (pl.col("status") == "ok")
+        & (pl.col("critical_s") > pl.col("prefill_s"))
+    ).select(*columns[:3], "critical_s", "prefill_s")
+    for request_id, engine_id, remote, critical, prefill in natural.iter_rows():
+        truth.append(
+            _finding(
+                "recompute_cheaper",
+                engine_id,
+                request_id=request_id,
+                remote_engine_id=remote,
+                message="the handoff took longer than prefilling the missing prefix on the decoder",
+                evidence={"critical_path_s": critical, "prefill_s": prefill},
+                injected=False,
+            )
+        )
+    return truth

@@ -3,18 +3,17 @@
 Layout::
 
     models/<model>/config.json
-    prefill-0/vllm.log, trace.jsonl
-    decode-0/vllm.log.1.gz (the older half, rotated), vllm.log, trace.jsonl,
+    prefill-0/vllm.log.1.gz (the older half, rotated), vllm.log, trace.jsonl
+    decode-0/vllm.log.1.gz, vllm.log, trace.jsonl,
              metrics-<UTC stamp>.prom every scrape interval
-    truth.json
 
-Every line is in the exact shape vLLM or the connector prints it. Files are written in a
-fixed order with fixed content (gzip without a timestamp), so a seed gives the same bytes.
+Every line is in the exact shape vLLM or the connector prints it. Records are encoded
+column-wise, files are written in a fixed order with fixed content (gzip without a
+timestamp), so a seed gives the same bytes.
 """
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import math
@@ -23,108 +22,127 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hybridtrace.simulate.workload import Deployment, Read
+import polars as pl
+
+from hybridtrace.simulate.workload import REQUEST_KINDS, Deployment
 
 LEVEL_COLOURS = {"DEBUG": "37", "INFO": "32", "WARNING": "33", "ERROR": "31", "CRITICAL": "35"}
 XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 POST_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BYTE_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 DESC_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
+_TRANSFER_FIELDS = (
+    "ts", "request_id", "remote_request_id", "engine_id", "remote_engine_id", "rank", "tp_size", "remote_rank",
+    "remote_tp_size", "status", "post_s", "xfer_s", "bytes", "descriptors", "staging_bytes", "link", "groups",
+)  # fmt: skip
+_REQUEST_FIELDS = (
+    "ts", "request_id", "remote_request_id", "engine_id", "remote_engine_id", "prompt_tokens", "cached_tokens",
+    "missing_tokens", "transferred_tokens", "reused_tokens", "recomputed_tokens", "state_blocks", "boundary_tokens",
+    "prefill_s", "status",
+)  # fmt: skip
+
+
+def _head(level: str, stamp: str, where: str, process: str, colour: bool) -> str:
+    if colour:
+        return (
+            f"\x1b[0;36m({process})\x1b[0;0m \x1b[{LEVEL_COLOURS[level]}m{level}\x1b[0m "
+            f"\x1b[90m{stamp}\x1b[0m \x1b[90m[{where}]\x1b[0m "
+        )
+    return f"({process}) {level} {stamp} [{where}] "
 
 
 def _line(ts: float, message: str, *, level: str = "INFO", where: str, process: str, colour: bool) -> str:
-    stamp = datetime.fromtimestamp(ts, UTC).strftime("%m-%d %H:%M:%S")
-    if colour:
-        head = f"\x1b[{LEVEL_COLOURS[level]}m{level}\x1b[0m \x1b[90m{stamp}\x1b[0m \x1b[90m[{where}]\x1b[0m "
-        prefix = f"\x1b[0;36m({process})\x1b[0;0m "
-    else:
-        head = f"{level} {stamp} [{where}] "
-        prefix = f"({process}) "
-    return "\r\n".join(prefix + head + part for part in message.split("\n"))
+    head = _head(level, datetime.fromtimestamp(ts, UTC).strftime("%m-%d %H:%M:%S"), where, process, colour)
+    return "\r\n".join(head + part for part in message.split("\n"))
 
 
-def percentile90(values: list[float]) -> float:
-    """numpy's default (linear) 90th percentile, as vLLM computes it."""
-    ordered = sorted(values)
-    position = 0.9 * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def _stamp(column: str) -> pl.Expr:
+    return pl.from_epoch((pl.col(column) * 1e6).cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
 
 
-def kv_metrics_values(reads: list[Read]) -> dict[str, float | int]:
-    """The eight numbers of a `KV Transfer metrics` line, rounded as vLLM rounds them."""
-    n = len(reads)
-    xfer = [r.xfer_s for r in reads]
-    post = [r.post_s for r in reads]
-    total = sum(r.bytes for r in reads)
-    return {
+def kv_metrics_line(row: dict) -> str:
+    """The `KV Transfer metrics` message of one interval, rounded as vLLM rounds it."""
+    n = row["n"]
+    values = {
         "Num successful transfers": n,
-        "Avg xfer time (ms)": round(sum(xfer) / n * 1e3, 3),
-        "P90 xfer time (ms)": round(percentile90(xfer) * 1e3, 3),
-        "Avg post time (ms)": round(sum(post) / n * 1e3, 3),
-        "P90 post time (ms)": round(percentile90(post) * 1e3, 3),
-        "Avg MB per transfer": round(total / 2**20 / n, 3),
-        "Throughput (MB/s)": round(total / 2**20 / sum(xfer), 3),
-        "Avg number of descriptors": round(sum(r.descriptors for r in reads) / n, 1),
+        "Avg xfer time (ms)": round(row["xfer_sum"] / n * 1e3, 3),
+        "P90 xfer time (ms)": round(row["xfer_p90"] * 1e3, 3),
+        "Avg post time (ms)": round(row["post_sum"] / n * 1e3, 3),
+        "P90 post time (ms)": round(row["post_p90"] * 1e3, 3),
+        "Avg MB per transfer": round(row["bytes_sum"] / 2**20 / n, 3),
+        "Throughput (MB/s)": round(row["bytes_sum"] / 2**20 / row["xfer_sum"], 3),
+        "Avg number of descriptors": round(row["desc_sum"] / n, 1),
     }
-
-
-def _ticks(start: float, end: float, every: float) -> list[float]:
-    count = int((end - start) // every) + 1
-    return [start + every * k for k in range(1, count + 1)]
+    return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def write_bundle(deployment: Deployment, out: Path) -> dict:
     """Write the bundle under ``out``; returns the counts the truth also records."""
     options = deployment.options
     out.mkdir(parents=True, exist_ok=True)
-    last = max((r.ts for r in deployment.requests), default=options.start_ts)
-    if options.requests is not None:
-        options = replace(options, duration_s=max(1.0, last - options.start_ts + 1.0))
+    if options.requests is not None and deployment.requests.height:
+        last = deployment.requests["ts"].max()
+        options = replace(options, duration_s=max(1.0, float(last) - options.start_ts + 1.0))
         deployment.options = options
     end = options.start_ts + options.duration_s + 5.0
     counts = {"transfers": 0, "requests": 0, "engines": 0, "log_intervals": 0, "prom_scrapes": 0}
     # The config sits in a folder named as the engines name their model.
     config_dir = out / "models" / deployment.model_name.rsplit("/", 1)[-1]
     config_dir.mkdir(parents=True, exist_ok=True)
-    _write(config_dir / "config.json", json.dumps(deployment.config, indent=2) + "\n", end)
+    _write(config_dir / "config.json", (json.dumps(deployment.config, indent=2) + "\n").encode(), end)
     for engine in deployment.engines:
         folder = out / engine.engine_id
         folder.mkdir(exist_ok=True)
-        mine = [r for r in deployment.requests if engine.engine_id in (r.engine_id, r.remote_engine_id)]
-        reads = sorted(
-            (x for r in mine if r.engine_id == engine.engine_id for x in r.reads), key=lambda x: x.ts
-        )
-        trace = [json.dumps(_engine_record(deployment, engine), sort_keys=True)]
+        key = "engine_id" if engine.role == "decode" else "remote_engine_id"
+        requests = deployment.requests.filter(pl.col(key) == engine.engine_id)
+        reads = deployment.reads.filter(pl.col(key) == engine.engine_id)
+        header = json.dumps(_engine_record(deployment, engine), sort_keys=True) + "\n"
+        body = ""
         if engine.role == "decode":
-            records = [(x.ts, x.record()) for x in reads] + [(r.ts, r.record()) for r in mine]
-            records.sort(key=lambda item: item[0])
-            trace += [json.dumps(rec, sort_keys=True) for _, rec in records]
-            counts["transfers"] += len(reads)
-            counts["requests"] += len(mine)
+            body = _trace_lines(reads, requests)
+            counts["transfers"] += reads.height
+            counts["requests"] += requests.height
         counts["engines"] += 1
-        _write(folder / "trace.jsonl", "\n".join(trace) + "\n", end)
-        lines = _log_lines(deployment, engine, mine, reads, end, counts)
+        _write(folder / "trace.jsonl", (header + body).encode(), end)
+        lines = _log_lines(deployment, engine, requests, reads, end, counts)
         half = len(lines) // 2
         rotated = ("\n".join(lines[:half]) + "\n").encode()
-        _write_bytes(
+        _write(
             folder / "vllm.log.1.gz",
             gzip.compress(rotated, mtime=0),
             options.start_ts + options.duration_s / 2,
         )
-        _write(folder / "vllm.log", "\n".join(lines[half:]) + "\n", end)
+        _write(folder / "vllm.log", ("\n".join(lines[half:]) + "\n").encode(), end)
         if engine.role == "decode":
-            _write_scrapes(deployment, engine, reads, folder, counts)
+            _write_scrapes(deployment, reads, folder, counts)
     return counts
 
 
-def _write(path: Path, text: str, mtime: float) -> None:
-    _write_bytes(path, text.encode(), mtime)
-
-
-def _write_bytes(path: Path, data: bytes, mtime: float) -> None:
+def _write(path: Path, data: bytes, mtime: float) -> None:
     path.write_bytes(data)
     os.utime(path, (mtime, mtime))
+
+
+def _trace_lines(reads: pl.DataFrame, requests: pl.DataFrame) -> str:
+    record_type = pl.lit(None, pl.String)
+    transfers = reads.select(
+        pl.col("ts"),
+        pl.lit(0).alias("order"),
+        pl.struct(record_type.fill_null("transfer").alias("type"), pl.lit(1).alias("v"), *_TRANSFER_FIELDS)
+        .struct.json_encode()
+        .alias("line"),
+    )
+    asked = requests.select(
+        pl.col("ts"),
+        pl.lit(1).alias("order"),
+        pl.struct(record_type.fill_null("request").alias("type"), pl.lit(1).alias("v"), *_REQUEST_FIELDS)
+        .struct.json_encode()
+        .alias("line"),
+    )
+    merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
+    if merged.height == 0:
+        return ""
+    return merged["line"].str.join("\n").item() + "\n"
 
 
 def _engine_record(deployment: Deployment, engine) -> dict:
@@ -153,7 +171,14 @@ def _engine_record(deployment: Deployment, engine) -> dict:
     }
 
 
-def _log_lines(deployment: Deployment, engine, mine, reads, end: float, counts: dict) -> list[str]:
+def _tick(column: str, start: float, every: float) -> pl.Expr:
+    """The index of the periodic tick at or after ``column`` (tick k is at start + k * every)."""
+    return ((pl.col(column) - start) / every).ceil().cast(pl.Int64).clip(1)
+
+
+def _log_lines(
+    deployment: Deployment, engine, requests: pl.DataFrame, reads: pl.DataFrame, end: float, counts: dict
+) -> list[str]:
     options = deployment.options
     colour = options.colour
     model = deployment.byte_models[engine.engine_id]
@@ -204,11 +229,11 @@ def _log_lines(deployment: Deployment, engine, mine, reads, end: float, counts: 
         if model.conv_bytes_per_layer is not None:
             add(
                 start + 10,
-                f"Hybrid SSM registration: num_blocks=20000, logical_num_blocks=1000, ratio=20, num_regions=12, num_descs=480000, mamba_ssm_size=({model.conv_bytes_per_layer}, {model.ssm_bytes_per_layer}), block_len_per_layer={{{model.attention_page_bytes // 20 if model.attention_page_bytes else 0}}}",
+                f"Hybrid SSM registration: num_blocks=20000, logical_num_blocks=1000, ratio=20, num_regions=12, num_descs=480000, mamba_ssm_size=({model.conv_bytes_per_layer}, {model.ssm_bytes_per_layer}), block_len_per_layer={{{(model.attention_page_bytes or 0) // 20}}}",
                 where="worker.py:781",
                 process=proc,
             )
-    if "config_mismatch" in options.inject and engine.role == "decode":
+    if "config_mismatch" in options.inject and engine.role == "decode" and engine.engine_id == "decode-0":
         add(
             start + 20,
             'Traceback (most recent call last):\n  File "worker.py", line 434, in _nixl_handshake\nRuntimeError: NIXL compatibility hash mismatch. Local: 7a1c0e, Remote: 93bd42',
@@ -223,110 +248,161 @@ def _log_lines(deployment: Deployment, engine, mine, reads, end: float, counts: 
             where="worker.py:434",
             process=worker[-1],
         )
+    interval = options.stats_interval_s
+    n_ticks = math.ceil((end - options.start_ts) / interval)
     if engine.role == "decode":
-        ticks = _ticks(options.start_ts, end, options.stats_interval_s)
-        done = sorted((x.done_ts, i, x) for i, x in enumerate(reads) if x.status == "ok")
-        keys = [d for d, _, _ in done]
-        previous = options.start_ts
-        for tick in ticks:
-            window = [
-                x for _, _, x in done[bisect.bisect_right(keys, previous) : bisect.bisect_right(keys, tick)]
-            ]
-            recomputed = sum(r.recomputed_tokens for r in mine if previous < r.ts <= tick)
-            running = sum(1 for r in mine if previous < r.ts <= tick)
+        stats = (
+            reads.filter(pl.col("status") == "ok")
+            .with_columns(_tick("done_ts", options.start_ts, interval).alias("k"))
+            .group_by("k", maintain_order=True)
+            .agg(
+                pl.len().alias("n"),
+                pl.col("xfer_s").sum().alias("xfer_sum"),
+                pl.col("xfer_s").quantile(0.9, "linear").alias("xfer_p90"),
+                pl.col("post_s").sum().alias("post_sum"),
+                pl.col("post_s").quantile(0.9, "linear").alias("post_p90"),
+                pl.col("bytes").sum().alias("bytes_sum"),
+                pl.col("descriptors").sum().alias("desc_sum"),
+            )
+        )
+        by_tick = {row["k"]: row for row in stats.iter_rows(named=True)}
+        arrivals = (
+            requests.with_columns(_tick("ts", options.start_ts, interval).alias("k"))
+            .group_by("k")
+            .agg(pl.len().alias("running"), pl.col("recomputed_tokens").sum().alias("recomputed"))
+        )
+        load = {k: (r, t) for k, r, t in arrivals.iter_rows()}
+        for k in range(1, n_ticks + 1):
+            tick = options.start_ts + k * interval
+            running, recomputed = load.get(k, (0, 0))
             add(
                 tick,
-                f"Engine 000: Avg prompt throughput: {recomputed / options.stats_interval_s:.1f} tokens/s, Avg generation throughput: {running * 40 / options.stats_interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%",
+                f"Engine 000: Avg prompt throughput: {recomputed / interval:.1f} tokens/s, Avg generation throughput: {running * 40 / interval:.1f} tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%",
                 where="loggers.py:236",
                 process=api,
             )
-            if window:
-                values = kv_metrics_values(window)
-                add(
-                    tick,
-                    "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in values.items()),
-                    where="metrics.py:103",
-                    process=api,
-                )
+            if k in by_tick:
+                add(tick, kv_metrics_line(by_tick[k]), where="metrics.py:103", process=api)
                 counts["log_intervals"] += 1
-            previous = tick
-        for request in mine:
-            for read in request.reads:
-                if read.status == "failed":
-                    context = {"failure_type": "transfer_failed", "request_id": read.request_id, "engine_id": read.engine_id,
-                               "remote_engine_id": read.remote_engine_id, "remote_request_id": read.remote_request_id,
-                               "remote_host": "10.0.12.7", "remote_port": 5600, "num_local_blocks": 12,
-                               "num_remote_blocks": 12, "xfer_state": "ERR"}  # fmt: skip
-                    add(
-                        read.done_ts,
-                        f"NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {context!r}",
-                        level="ERROR",
-                        where="worker.py:505",
-                        process=worker[read.rank] if len(worker) > read.rank else worker[0],
-                    )
-    else:
-        for request in mine:
-            if request.status == "expired":
-                if options.era == "abort":
-                    text = f"Releasing expired KV blocks for request {request.remote_request_id} which were retrieved by 0 decode worker(s) within 480 seconds."
-                else:
-                    text = f"Releasing expired KV blocks for request {request.remote_request_id} which were retrieved by 0 remote worker(s) before lease expired."
-                add(request.ts + 30, text, level="WARNING", where="base_worker.py:2152", process=worker[0])
-        for tick in _ticks(options.start_ts, end, options.stats_interval_s):
-            tokens = sum(r.prompt_tokens for r in mine if tick - options.stats_interval_s < r.ts <= tick)
+        failed = reads.filter(pl.col("status") == "failed").select(
+            "done_ts", "request_id", "engine_id", "remote_engine_id", "remote_request_id", "rank"
+        )
+        for done, rid, eid, remote, remote_rid, rank in failed.iter_rows():
+            context = {"failure_type": "transfer_failed", "request_id": rid, "engine_id": eid,
+                       "remote_engine_id": remote, "remote_request_id": remote_rid, "remote_host": "10.0.12.7",
+                       "remote_port": 5600, "num_local_blocks": 12, "num_remote_blocks": 12, "xfer_state": "ERR"}  # fmt: skip
             add(
-                tick,
-                f"Engine 000: Avg prompt throughput: {tokens / options.stats_interval_s:.1f} tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.4%, Prefix cache hit rate: 0.0%",
+                done,
+                f"NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {context!r}",
+                level="ERROR",
+                where="worker.py:505",
+                process=worker[min(rank, len(worker) - 1)],
+            )
+    else:
+        expired = requests.filter(pl.col("status") == "expired").select("ts", "remote_request_id")
+        for ts, remote_rid in expired.iter_rows():
+            if options.era == "abort":
+                text = f"Releasing expired KV blocks for request {remote_rid} which were retrieved by 0 decode worker(s) within 480 seconds."
+            else:
+                text = f"Releasing expired KV blocks for request {remote_rid} which were retrieved by 0 remote worker(s) before lease expired."
+            add(ts + 30, text, level="WARNING", where="base_worker.py:2152", process=worker[0])
+        arrivals = (
+            requests.with_columns(_tick("ts", options.start_ts, interval).alias("k"))
+            .group_by("k")
+            .agg(pl.col("prompt_tokens").sum().alias("tokens"))
+        )
+        tokens_by_tick = dict(arrivals.iter_rows())
+        for k in range(1, n_ticks + 1):
+            tokens = tokens_by_tick.get(k, 0)
+            add(
+                options.start_ts + k * interval,
+                f"Engine 000: Avg prompt throughput: {tokens / interval:.1f} tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.4%, Prefix cache hit rate: 0.0%",
                 where="loggers.py:236",
                 process=api,
             )
-    for n, request in enumerate(mine):
-        add(
-            request.ts,
-            f'10.0.0.{n % 200}:41234 - "POST /v1/completions HTTP/1.1" 200 OK',
-            where="api_server.py:1019",
-            process=api,
-        )
-    events.sort(key=lambda item: (item[0], item[1]))
-    return [line for _, _, line in events]
+    # one access-log line per request: the bulk of a real log, of no interest to hybridtrace
+    head = _head("INFO", "{}", "api_server.py:1019", api, colour).replace("{}", "\x00")
+    before, after = head.split("\x00")
+    access = requests.select(
+        pl.col("ts"),
+        pl.format(
+            '{}{}{}10.0.0.{}:41234 - "POST /v1/completions HTTP/1.1" 200 OK',
+            pl.lit(before), _stamp("ts"), pl.lit(after), (pl.col("n") % 200).cast(pl.String),
+        ).alias("line"),
+    ).with_columns(pl.int_range(len(events), len(events) + pl.len(), dtype=pl.Int64).alias("seq"))  # fmt: skip
+    fixed = pl.DataFrame(events, schema={"ts": pl.Float64, "seq": pl.Int64, "line": pl.String}, orient="row")
+    merged = pl.concat([fixed, access.select("ts", "seq", "line")]).sort(["ts", "seq"])
+    return merged["line"].to_list()
 
 
-def _histogram(name: str, bounds, values: list[float], labels: str) -> list[str]:
-    ordered = sorted(values)
-    lines = [f"# HELP {name} {name.split(':')[-1]}", f"# TYPE {name} histogram"]
-    for bound in bounds:
-        lines.append(
-            f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(bisect.bisect_right(ordered, bound))}'
-        )
-    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(len(ordered))}')
-    lines.append(f"{name}_count{{{labels}}} {float(len(ordered))}")
-    lines.append(f"{name}_sum{{{labels}}} {float(sum(ordered))!r}")
-    return lines
+def _histogram_lines(
+    name: str, bounds, values: pl.Series, ticks: pl.Series, n_ticks: int, labels: str
+) -> list[list[str]]:
+    """Cumulative histogram lines of ``values`` at every scrape tick, as vLLM exports them."""
+    frame = pl.DataFrame({"v": values.cast(pl.Float64), "k": ticks})
+    bucket = pl.Series([float(b) for b in bounds]).search_sorted(frame["v"], side="left")
+    frame = frame.with_columns(bucket.alias("b"))
+    grid = [[0] * (len(bounds) + 1) for _ in range(n_ticks + 1)]
+    sums = [0.0] * (n_ticks + 1)
+    for k, b, count, total in (
+        frame.group_by(["k", "b"]).agg(pl.len(), pl.col("v").sum()).sort(["k", "b"]).iter_rows()
+    ):
+        if k <= n_ticks:
+            grid[k][b] += count
+            sums[k] += total
+    out = []
+    running = [0] * (len(bounds) + 1)
+    running_sum = 0.0
+    for k in range(1, n_ticks + 1):
+        for b in range(len(bounds) + 1):
+            running[b] += grid[k][b]
+        running_sum += sums[k]
+        lines = [f"# HELP {name} {name.split(':')[-1]}", f"# TYPE {name} histogram"]
+        cumulative = 0
+        for b, bound in enumerate(bounds):
+            cumulative += running[b]
+            lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(cumulative)}')
+        total = cumulative + running[len(bounds)]
+        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(total)}')
+        lines.append(f"{name}_count{{{labels}}} {float(total)}")
+        lines.append(f"{name}_sum{{{labels}}} {running_sum!r}")
+        out.append(lines)
+    return out
 
 
-def _write_scrapes(deployment: Deployment, engine, reads: list[Read], folder: Path, counts: dict) -> None:
+def _write_scrapes(deployment: Deployment, reads: pl.DataFrame, folder: Path, counts: dict) -> None:
     options = deployment.options
     labels = f'engine="0",model_name="{deployment.model_name}"'
-    ok = sorted((x.done_ts, i, x) for i, x in enumerate(reads) if x.status == "ok")
-    failed = sorted(x.done_ts for x in reads if x.status == "failed")
-    keys = [d for d, _, _ in ok]
-    for tick in _ticks(
-        options.start_ts, options.start_ts + options.duration_s + 5, options.scrape_interval_s
-    ):
-        seen = [x for _, _, x in ok[: bisect.bisect_right(keys, tick)]]
+    every = options.scrape_interval_s
+    n_ticks = int((options.duration_s + 5) // every)
+    ok = reads.filter(pl.col("status") == "ok").with_columns(
+        _tick("done_ts", options.start_ts, every).alias("k")
+    )
+    ticks = ok["k"]
+    parts = [
+        _histogram_lines("vllm:nixl_xfer_time_seconds", XFER_BUCKETS, ok["xfer_s"], ticks, n_ticks, labels),
+        _histogram_lines("vllm:nixl_post_time_seconds", POST_BUCKETS, ok["post_s"], ticks, n_ticks, labels),
+        _histogram_lines("vllm:nixl_bytes_transferred", BYTE_BUCKETS, ok["bytes"], ticks, n_ticks, labels),
+        _histogram_lines(
+            "vllm:nixl_num_descriptors", DESC_BUCKETS, ok["descriptors"], ticks, n_ticks, labels
+        ),
+    ]
+    failed_ticks = reads.filter(pl.col("status") == "failed").select(
+        _tick("done_ts", options.start_ts, every)
+    )
+    failed_by_tick = dict(failed_ticks.group_by("done_ts").len().iter_rows())
+    failed = 0
+    for k in range(1, n_ticks + 1):
+        tick = options.start_ts + k * every
+        failed += failed_by_tick.get(k, 0)
         lines = ["# vLLM /metrics"]
-        lines += _histogram("vllm:nixl_xfer_time_seconds", XFER_BUCKETS, [x.xfer_s for x in seen], labels)
-        lines += _histogram("vllm:nixl_post_time_seconds", POST_BUCKETS, [x.post_s for x in seen], labels)
-        lines += _histogram(
-            "vllm:nixl_bytes_transferred", BYTE_BUCKETS, [float(x.bytes) for x in seen], labels
-        )
-        lines += _histogram(
-            "vllm:nixl_num_descriptors", DESC_BUCKETS, [float(x.descriptors) for x in seen], labels
-        )
+        for part in parts:
+            lines += part[k - 1]
         lines.append("# TYPE vllm:nixl_num_failed_transfers counter")
-        lines.append(
-            f"vllm:nixl_num_failed_transfers_total{{{labels}}} {float(bisect.bisect_right(failed, tick))}"
-        )
+        lines.append(f"vllm:nixl_num_failed_transfers_total{{{labels}}} {float(failed)}")
         stamp = datetime.fromtimestamp(tick, UTC).strftime("%Y%m%dT%H%M%SZ")
-        _write(folder / f"metrics-{stamp}.prom", "\n".join(lines) + "\n", tick)
+        _write(folder / f"metrics-{stamp}.prom", ("\n".join(lines) + "\n").encode(), tick)
         counts["prom_scrapes"] += 1
+
+
+__all__ = ["REQUEST_KINDS", "kv_metrics_line", "write_bundle"]
