@@ -96,14 +96,14 @@ def write_bundle(deployment: Deployment, out: Path) -> dict:
         key = "engine_id" if engine.role == "decode" else "remote_engine_id"
         requests = deployment.requests.filter(pl.col(key) == engine.engine_id)
         reads = deployment.reads.filter(pl.col(key) == engine.engine_id)
-        header = json.dumps(_engine_record(deployment, engine), sort_keys=True) + "\n"
-        body = ""
+        header = json.dumps(_engine_record(deployment, engine), sort_keys=True)
+        lines = pl.DataFrame({"line": [header]})
         if engine.role == "decode":
-            body = _trace_lines(reads, requests)
+            lines = pl.concat([lines, _trace_lines(reads, requests)])
             counts["transfers"] += reads.height
             counts["requests"] += requests.height
         counts["engines"] += 1
-        _write(folder / "trace.jsonl", (header + body).encode(), end)
+        _write_lines(folder / "trace.jsonl", lines["line"], end)
         lines = _log_lines(deployment, engine, requests, reads, end, counts)
         half = len(lines) // 2
         rotated = ("\n".join(lines[:half]) + "\n").encode()
@@ -123,7 +123,17 @@ def _write(path: Path, data: bytes, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
-def _trace_lines(reads: pl.DataFrame, requests: pl.DataFrame) -> str:
+def _write_lines(path: Path, lines: pl.Series, mtime: float, *, compress: bool = False) -> None:
+    """Write ``lines`` newline-terminated, a slice at a time (never one giant string)."""
+    # gzip without a timestamp, so the same lines give the same bytes
+    handle = gzip.GzipFile(path, "wb", mtime=0) if compress else open(path, "wb")  # noqa: SIM115
+    with handle:
+        for start in range(0, lines.len(), 200_000):
+            handle.write((lines.slice(start, 200_000).str.join("\n").item() + "\n").encode())
+    os.utime(path, (mtime, mtime))
+
+
+def _trace_lines(reads: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
     record_type = pl.lit(None, pl.String)
     transfers = reads.select(
         pl.col("ts"),
@@ -139,10 +149,7 @@ def _trace_lines(reads: pl.DataFrame, requests: pl.DataFrame) -> str:
         .struct.json_encode()
         .alias("line"),
     )
-    merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
-    if merged.height == 0:
-        return ""
-    return merged["line"].str.join("\n").item() + "\n"
+    return pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True).select("line")
 
 
 def _engine_record(deployment: Deployment, engine) -> dict:
@@ -331,8 +338,7 @@ def _log_lines(
         ).alias("line"),
     ).with_columns(pl.int_range(len(events), len(events) + pl.len(), dtype=pl.Int64).alias("seq"))  # fmt: skip
     fixed = pl.DataFrame(events, schema={"ts": pl.Float64, "seq": pl.Int64, "line": pl.String}, orient="row")
-    merged = pl.concat([fixed, access.select("ts", "seq", "line")]).sort(["ts", "seq"])
-    return merged["line"].to_list()
+    return pl.concat([fixed, access.select("ts", "seq", "line")]).sort(["ts", "seq"])["line"]
 
 
 def _histogram_lines(
