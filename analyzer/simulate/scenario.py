@@ -58,7 +58,7 @@ class SimOptions:
     poll_interval_s: float = 0.005  # engine step: completion is seen only when polled
     duration_s: float = 120.0
     request_rate: float = 5.0  # requests per second
-    requests: int | None = None  # exactly this many requests (the duration follows)
+    requests: int | None = None  # exactly this many requests over the duration (the rate follows)
     median_prompt_tokens: int = 2000
     prompt_sigma: float = 1.0  # lognormal: a long tail of long prompts
     max_prompt_tokens: int = 32768

@@ -106,11 +106,14 @@ def build(options: SimOptions) -> Deployment:
 
 def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, ByteModel]) -> pl.DataFrame:
     seed = options.seed
+    rate = options.request_rate
     if options.requests is not None:
+        # N requests spread over the duration: the rate follows from the count.
         n_draw = options.requests
+        rate = options.requests / options.duration_s
     else:
-        n_draw = int(options.request_rate * options.duration_s * 1.3 + 50)
-    gaps = -(1.0 - uniform(seed, 1, n_draw)).log() / options.request_rate
+        n_draw = int(rate * options.duration_s * 1.3 + 50)
+    gaps = -(1.0 - uniform(seed, 1, n_draw)).log() / rate
     frame = pl.DataFrame({"arrival": options.start_ts + gaps.cum_sum()}).with_row_index("n")
     if options.requests is None:
         frame = frame.filter(pl.col("arrival") < options.start_ts + options.duration_s)
