@@ -3,59 +3,72 @@
 ``simulate(options, out)`` writes a bundle laid out like a log bucket and ``truth.json``:
 the findings injected on purpose and those that are simply true of the deployment (a
 handoff slower than recomputing its prefix). Nothing but ``truth.json`` marks an
-injection.
+injection. Requests are generated and written a block at a time, so memory does not
+grow with the size of the bundle.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from hybridtrace.simulate.scenario import INJECTABLE, SimOptions, parse_inject
-from hybridtrace.simulate.workload import Deployment, build
-from hybridtrace.simulate.writers import write_bundle
+from hybridtrace.simulate.workload import blocks, global_findings, prepare
+from hybridtrace.simulate.writers import BundleWriter
+
+_COMPACT = {"separators": (",", ":"), "sort_keys": True}
 
 
-def simulate(options: SimOptions, out: str | Path) -> dict:
-    """Write the bundle and its truth under ``out``; returns the truth."""
+def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000) -> dict:
+    """Write the bundle and its truth under ``out``; returns the truth without its findings list."""
     started = time.monotonic()
     out = Path(out)
-    deployment: Deployment = build(options)
-    counts = write_bundle(deployment, out)
-    findings = sorted(
-        deployment.truth,
-        key=lambda f: (
-            f["kind"],
-            f["engine_id"] or "",
-            f["request_id"] or "",
-            -1 if f["rank"] is None else f["rank"],
-        ),
-    )
+    plan = prepare(options)
+    writer = BundleWriter(plan, out)
     injected: dict[str, int] = {}
     natural: dict[str, int] = {}
-    for finding in findings:
-        bucket = injected if finding["evidence"]["injected"] else natural
-        bucket[finding["kind"]] = bucket.get(finding["kind"], 0) + 1
-    truth = {
-        "findings": findings,
-        "inputs": counts,
-        "summary": {
-            "injected": injected,
-            "natural": natural,
-            "scenario": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
-        },
+    staged = out / "truth.findings.tmp"
+    with open(staged, "w") as findings_file:
+        first = True
+
+        def record(findings: list[dict]) -> None:
+            nonlocal first
+            for finding in findings:
+                bucket = injected if finding["evidence"]["injected"] else natural
+                bucket[finding["kind"]] = bucket.get(finding["kind"], 0) + 1
+                findings_file.write(("" if first else ",\n") + json.dumps(finding, **_COMPACT))
+                first = False
+
+        record(global_findings(plan))
+        previous = None
+        for block in blocks(plan, block_size):
+            if previous is not None:
+                # Reads start after their request arrives: nothing before this block's first
+                # arrival can change any more.
+                writer.consume(previous, float(block.requests["arrival"].min()))
+            record(block.findings)
+            previous = block
+        if previous is not None:
+            writer.consume(previous, math.inf)
+    counts = writer.close()
+    summary = {
+        "injected": injected,
+        "natural": natural,
+        "scenario": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
     }
     # One finding per line: readable, and quick to write for millions of requests.
-    compact = {"separators": (",", ":"), "sort_keys": True}
     with open(out / "truth.json", "w") as handle:
         handle.write('{"findings":[\n')
-        handle.write(",\n".join(json.dumps(f, **compact) for f in findings))
-        handle.write('\n],\n"inputs":' + json.dumps(counts, **compact))
-        handle.write(',\n"summary":' + json.dumps(truth["summary"], **compact) + "}\n")
-    truth["seconds"] = time.monotonic() - started
-    return truth
+        with open(staged) as findings_file:
+            shutil.copyfileobj(findings_file, handle)
+        handle.write('\n],\n"inputs":' + json.dumps(counts, **_COMPACT))
+        handle.write(',\n"summary":' + json.dumps(summary, **_COMPACT) + "}\n")
+    staged.unlink()
+    return {"inputs": counts, "summary": summary, "seconds": time.monotonic() - started}
 
 
 __all__ = ["INJECTABLE", "SimOptions", "parse_inject", "simulate"]

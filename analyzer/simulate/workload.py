@@ -17,6 +17,7 @@ same bundle.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import polars as pl
@@ -39,27 +40,43 @@ REQUEST_KINDS = tuple(_MESSAGES)
 
 
 @dataclass
-class Deployment:
+class Plan:
+    """The deployment: engines and their byte models; requests come in blocks."""
+
     options: SimOptions
     model_name: str
     config: dict
     engines: list[EngineSpec]
     byte_models: dict[str, ByteModel]  # by engine_id, at the engine's TP
+    rate: float  # requests per second
+
+    @property
+    def prefills(self) -> list[EngineSpec]:
+        return [e for e in self.engines if e.role == "prefill"]
+
+    @property
+    def decodes(self) -> list[EngineSpec]:
+        return [e for e in self.engines if e.role == "decode"]
+
+
+@dataclass
+class Block:
     requests: pl.DataFrame  # one row per request (trace `request` fields + internals)
     reads: pl.DataFrame  # one row per NIXL read (trace `transfer` fields + done_ts)
-    truth: list[dict]
+    findings: list[dict]
+    last: bool
 
 
-def uniform(seed: int, stream: int, n: int) -> pl.Series:
-    """``n`` uniform draws in [0, 1) for (seed, stream): reproducible, no Python loop."""
-    hashed = pl.int_range(0, n, eager=True, dtype=pl.UInt64).hash(seed * 1_000_003 + stream)
+def uniform(seed: int, stream: int, n: int, offset: int = 0) -> pl.Series:
+    """Draws ``offset .. offset + n`` in [0, 1) of (seed, stream): the same in any block size."""
+    hashed = pl.int_range(offset, offset + n, eager=True, dtype=pl.UInt64).hash(seed * 1_000_003 + stream)
     return ((hashed // (1 << 11)).cast(pl.Float64) / float(1 << 53)).alias("u")
 
 
-def normal(seed: int, stream: int, n: int) -> pl.Series:
+def normal(seed: int, stream: int, n: int, offset: int = 0) -> pl.Series:
     """Standard normal draws (Box-Muller over two uniform streams)."""
-    u1 = uniform(seed, stream, n).clip(1e-12, 1.0)
-    u2 = uniform(seed, stream + 1, n)
+    u1 = uniform(seed, stream, n, offset).clip(1e-12, 1.0)
+    u2 = uniform(seed, stream + 1, n, offset)
     return ((-2.0 * u1.log()).sqrt() * (2 * math.pi * u2).cos()).alias("z")
 
 
@@ -80,8 +97,8 @@ def _finding(kind: str, engine_id: str, **fields: object) -> dict:
     return out
 
 
-def build(options: SimOptions) -> Deployment:
-    """The deployment, its requests and reads; deterministic for a seed."""
+def prepare(options: SimOptions) -> Plan:
+    """Engines and byte models of the simulated deployment."""
     config, name = load_config(options.model)
     geometry = geometry_from_config(config, name)
     engines = options.engines()
@@ -95,28 +112,44 @@ def build(options: SimOptions) -> Deployment:
         )
         for e in engines
     }
-    prefills = [e for e in engines if e.role == "prefill"]
-    decodes = [e for e in engines if e.role == "decode"]
-    requests = _requests(options, prefills, decodes, byte_models)
-    reads = _reads(options, requests, decodes)
-    requests = _settle(requests, reads)
-    truth = _truth(options, requests, reads, prefills, decodes)
-    return Deployment(options, name, config, engines, byte_models, requests, reads, truth)
+    rate = options.requests / options.duration_s if options.requests is not None else options.request_rate
+    return Plan(options, name, config, engines, byte_models, rate)
 
 
-def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, ByteModel]) -> pl.DataFrame:
+def blocks(plan: Plan, size: int = 100_000) -> Iterator[Block]:
+    """The workload, ``size`` requests at a time, in arrival order; deterministic for a seed."""
+    options = plan.options
+    end = options.start_ts + options.duration_s
+    offset, read_offset, arrival = 0, 0, options.start_ts
+    while True:
+        count = size if options.requests is None else min(size, options.requests - offset)
+        requests = _requests(plan, offset, count, arrival)
+        last = count < size or (options.requests is not None and offset + count >= options.requests)
+        if options.requests is None:
+            kept = requests.filter(pl.col("arrival") < end)
+            last = last or kept.height < requests.height
+            requests = kept
+        if requests.height:
+            arrival = float(requests["arrival"][-1])
+            reads = _reads(plan, requests, read_offset)
+            requests = _settle(requests, reads)
+            yield Block(requests, reads, _findings(requests), last)
+            read_offset += reads.height
+        elif last:
+            yield Block(requests, pl.DataFrame(), [], True)
+        offset += count
+        if last:
+            return
+
+
+def _requests(plan: Plan, offset: int, count: int, previous_arrival: float) -> pl.DataFrame:
+    options = plan.options
     seed = options.seed
-    rate = options.request_rate
-    if options.requests is not None:
-        # N requests spread over the duration: the rate follows from the count.
-        n_draw = options.requests
-        rate = options.requests / options.duration_s
-    else:
-        n_draw = int(rate * options.duration_s * 1.3 + 50)
-    gaps = -(1.0 - uniform(seed, 1, n_draw)).log() / rate
-    frame = pl.DataFrame({"arrival": options.start_ts + gaps.cum_sum()}).with_row_index("n")
-    if options.requests is None:
-        frame = frame.filter(pl.col("arrival") < options.start_ts + options.duration_s)
+    prefills, decodes, byte_models = plan.prefills, plan.decodes, plan.byte_models
+    gaps = -(1.0 - uniform(seed, 1, count, offset)).log() / plan.rate
+    frame = pl.DataFrame({"arrival": previous_arrival + gaps.cum_sum()}).with_columns(
+        pl.int_range(offset, offset + count, dtype=pl.UInt32).alias("n")
+    )
     n = frame.height
     decode_table = pl.DataFrame(
         {
@@ -144,18 +177,18 @@ def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, Byt
         },
         schema_overrides={"p_index": pl.UInt32, "remote_tp_size": pl.Int32},
     )
-    z = normal(seed, 2, n)
+    z = normal(seed, 2, n, offset)
     prompt = (math.log(options.median_prompt_tokens) + options.prompt_sigma * z).exp()
     frame = frame.with_columns(
         prompt.clip(32, options.max_prompt_tokens).cast(pl.Int64).alias("prompt_tokens"),
-        (uniform(seed, 4, n) < options.cache_hit_rate).alias("hit"),
-        uniform(seed, 5, n).alias("u_cached"),
+        (uniform(seed, 4, n, offset) < options.cache_hit_rate).alias("hit"),
+        uniform(seed, 5, n, offset).alias("u_cached"),
         (pl.col("n") % len(decodes)).cast(pl.UInt32).alias("d_index"),
         (pl.col("n") % len(prefills)).cast(pl.UInt32).alias("p_index"),
-        (uniform(seed, 6, n) * 2**32).cast(pl.UInt64).alias("rid_a"),
-        (uniform(seed, 7, n) * 2**32).cast(pl.UInt64).alias("rid_b"),
-        uniform(seed, 8, n).alias("u_prefill"),
-        uniform(seed, 9, n).alias("u_rank"),
+        (uniform(seed, 6, n, offset) * 2**32).cast(pl.UInt64).alias("rid_a"),
+        (uniform(seed, 7, n, offset) * 2**32).cast(pl.UInt64).alias("rid_b"),
+        uniform(seed, 8, n, offset).alias("u_prefill"),
+        uniform(seed, 9, n, offset).alias("u_rank"),
     )
     frame = frame.join(decode_table, on="d_index", how="left").join(prefill_table, on="p_index", how="left")
     block = pl.col("block")
@@ -175,7 +208,9 @@ def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, Byt
     stream = 20
     for kind in sorted(options.inject):
         if kind in REQUEST_KINDS:
-            frame = frame.with_columns((uniform(seed, stream, n) < options.inject[kind]).alias(f"x_{kind}"))
+            frame = frame.with_columns(
+                (uniform(seed, stream, n, offset) < options.inject[kind]).alias(f"x_{kind}")
+            )
         stream += 1
     for kind in REQUEST_KINDS:
         if f"x_{kind}" not in frame.columns:
@@ -214,7 +249,9 @@ def _requests(options: SimOptions, prefills, decodes, byte_models: dict[str, Byt
     )
 
 
-def _reads(options: SimOptions, requests: pl.DataFrame, decodes) -> pl.DataFrame:
+def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame:
+    options = plan.options
+    decodes = plan.decodes
     seed = options.seed
     frame = requests.select(
         "n",
@@ -253,7 +290,7 @@ def _reads(options: SimOptions, requests: pl.DataFrame, decodes) -> pl.DataFrame
         remote_rank.cast(pl.Int32).alias("remote_rank"),
         pl.col("rank").cast(pl.Int32),
         blocks.alias("blocks"),
-        normal(seed, 40, m).alias("z_bw"),
+        normal(seed, 40, m, read_offset).alias("z_bw"),
     )
     attention = pl.col("blocks") * pl.col("block") * pl.col("b_token") // pl.col("share")
     state = pl.when(pl.col("x_unsharded_state") & (pl.col("rank") == pl.col("chosen_rank"))).then(
@@ -366,7 +403,9 @@ def _settle(requests: pl.DataFrame, reads: pl.DataFrame) -> pl.DataFrame:
     return requests.join(per_request, on="n", how="left").with_columns(status.alias("status")).sort("n")
 
 
-def _truth(options: SimOptions, requests: pl.DataFrame, reads: pl.DataFrame, prefills, decodes) -> list[dict]:
+def global_findings(plan: Plan) -> list[dict]:
+    """Findings about engines and ranks, not requests."""
+    options, prefills, decodes = plan.options, plan.prefills, plan.decodes
     truth: list[dict] = []
     if options.inject.get("slow_rank") and decodes:
         truth.append(
@@ -387,6 +426,12 @@ def _truth(options: SimOptions, requests: pl.DataFrame, reads: pl.DataFrame, pre
                 severity="error",
             )
         )
+    return truth
+
+
+def _findings(requests: pl.DataFrame) -> list[dict]:
+    """Findings about the requests of one block: injected, and naturally true."""
+    truth: list[dict] = []
     columns = ["request_id", "engine_id", "remote_engine_id", "chosen_rank"]
     for kind in REQUEST_KINDS:
         hits = requests.filter(pl.col(f"x_{kind}")).select(columns)
