@@ -117,6 +117,7 @@ class _EngineFiles:
         self.live = open(self.folder / "vllm.log", "wb")  # noqa: SIM115 - closed in close()
         self.rotate_at = self.options.start_ts + self.options.duration_s / 2
         self.pending: list[tuple[float, int, str]] = []  # log lines not yet written (a heap)
+        self.bulk: list[pl.DataFrame] = []  # access-log lines not yet written (ts, seq, line)
         self.seq = 0
         self.api, core = "APIServer pid=1", "EngineCore_DP0 pid=212"
         self.core = core
@@ -345,14 +346,14 @@ class _EngineFiles:
         )
         lines = requests.select(
             pl.col("ts"),
+            pl.int_range(self.seq, self.seq + pl.len(), dtype=pl.Int64).alias("seq"),
             pl.format(
                 '{}{}{}10.0.0.{}:41234 - "POST /v1/completions HTTP/1.1" 200 OK',
                 pl.lit(before), _stamp("ts"), pl.lit(after), (pl.col("n") % 200).cast(pl.String),
             ).alias("line"),
         )  # fmt: skip
-        for ts, line in lines.iter_rows():
-            heapq.heappush(self.pending, (ts, self.seq, line))
-            self.seq += 1
+        self.seq += lines.height
+        self.bulk.append(lines)
 
     # --- what is final --------------------------------------------------------------------
 
@@ -388,9 +389,24 @@ class _EngineFiles:
                     process=self.api,
                 )
             self.next_tick += 1
+        ready = []
         while self.pending and self.pending[0][0] < watermark:
-            ts, _, line = heapq.heappop(self.pending)
-            (self.rotated if ts < self.rotate_at else self.live).write((line + "\n").encode())
+            ready.append(heapq.heappop(self.pending))
+        frames = [
+            pl.DataFrame(ready, schema={"ts": pl.Float64, "seq": pl.Int64, "line": pl.String}, orient="row")
+        ]
+        if self.bulk:
+            bulk = pl.concat(self.bulk)
+            frames.append(bulk.filter(pl.col("ts") < watermark))
+            rest = bulk.filter(pl.col("ts") >= watermark)
+            self.bulk = [rest] if rest.height else []
+        merged = pl.concat(frames).sort(["ts", "seq"])
+        early = merged.filter(pl.col("ts") < self.rotate_at)["line"]
+        late = merged.filter(pl.col("ts") >= self.rotate_at)["line"]
+        if early.len():
+            _write_lines(self.rotated, early)
+        if late.len():
+            _write_lines(self.live, late)
         if self.engine.role == "decode":
             self._flush_scrapes(watermark)
 
