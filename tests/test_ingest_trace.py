@@ -233,7 +233,27 @@ def test_a_bad_line_sends_its_chunk_down_the_careful_path():
     from hybridtrace.ingest.trace import fast_parse
 
     good = [json.dumps(r).encode() for r in transfer_records(3)]
-    for bad in (b"not json", json.dumps({**transfer_records(1)[0], "rank": "x"}).encode(), b"",
-                json.dumps({**transfer_records(1)[0], "request_id": {"a": 1}}).encode()):  # fmt: skip
+    record = transfer_records(1)[0]
+    bad_lines = [
+        b"not json",
+        b"",
+        json.dumps({**record, "rank": "x"}).encode(),
+        json.dumps({**record, "request_id": {"a": 1}}).encode(),
+        # no silent coercion: a fraction, a boolean or a quoted number is a wrong type
+        json.dumps({**record, "rank": 1.5}).encode(),
+        json.dumps({**record, "rank": True}).encode(),
+        json.dumps({**record, "xfer_s": "0.1"}).encode(),
+    ]
+    for bad in bad_lines:
         block = b"\n".join([*good, bad])
-        assert fast_parse(block, 1, block.count(b"\n") + 1, "src") is None
+        assert fast_parse(block, 1, block.count(b"\n") + 1, "src") is None, bad
+    import duckdb
+
+    from hybridtrace.ingest.trace import parse_trace
+
+    _, rejects = parse_trace(duckdb.connect(), [*good, *bad_lines[4:]], 1, "src")
+    assert [r.split(" (")[0] for r in rejects["reason"].to_pylist()] == [
+        "wrong type for rank",
+        "wrong type for rank",
+        "wrong type for xfer_s",
+    ]
