@@ -345,25 +345,9 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         pl.when(pl.col("x_staging_copy")).then(pl.col("bytes")).otherwise(0).alias("staging_bytes"),
         pl.lit("rdma:mlx5_0").alias("link"),
     )
-    groups = pl.concat_list(
-        pl.struct(
-            pl.lit(0).alias("group"),
-            pl.lit("attention").alias("kind"),
-            pl.col("blocks").alias("blocks"),
-            pl.col("attention").alias("bytes"),
-            (pl.col("descriptors") - pl.col("state_descs")).alias("descriptors"),
-        ),
-        pl.struct(
-            pl.lit(1).alias("group"),
-            pl.lit("mamba").alias("kind"),
-            pl.lit(1, pl.Int64).alias("blocks"),
-            pl.col("state").alias("bytes"),
-            pl.col("state_descs").alias("descriptors"),
-        ),
-    )
-    return frame.with_columns(
-        groups.alias("groups"), (pl.col("ts") + pl.col("xfer_s")).alias("done_ts")
-    ).select(
+    # The per-group split (attention blocks, the state) is kept as columns; the trace
+    # writer turns them into the record's `groups` list.
+    return frame.with_columns((pl.col("ts") + pl.col("xfer_s")).alias("done_ts")).select(
         "n",
         "ts",
         "request_id",
@@ -381,7 +365,10 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         "descriptors",
         "staging_bytes",
         "link",
-        "groups",
+        "blocks",
+        "attention",
+        "state",
+        "state_descs",
         "done_ts",
         *[f"x_{k}" for k in REQUEST_KINDS],
         "chosen_rank",

@@ -51,6 +51,37 @@ _REQUEST_FIELDS = (
 )  # fmt: skip
 
 
+def _json_record(record_type: str, fields: tuple[str, ...], strings: set[str]) -> list[pl.Expr]:
+    """Pieces of one JSON object per row, formatted directly: ids and enums need no escaping."""
+    pieces: list[pl.Expr] = []
+    text = '{"type":"' + record_type + '","v":1'
+    for name in fields:
+        quote = '"' if name in strings else ""
+        pieces.append(pl.lit(f'{text},"{name}":{quote}'))
+        pieces.append(pl.col(name).cast(pl.String).fill_null("null") if name not in strings else pl.col(name))
+        text = quote
+    pieces.append(pl.lit(text))
+    return pieces
+
+
+def _transfer_json() -> pl.Expr:
+    strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status", "link"}
+    pieces = _json_record("transfer", tuple(f for f in _TRANSFER_FIELDS if f != "groups"), strings)
+    groups = [
+        pl.lit(',"groups":[{"group":0,"kind":"attention","blocks":'), pl.col("blocks").cast(pl.String),
+        pl.lit(',"bytes":'), pl.col("attention").cast(pl.String),
+        pl.lit(',"descriptors":'), (pl.col("descriptors") - pl.col("state_descs")).cast(pl.String),
+        pl.lit('},{"group":1,"kind":"mamba","blocks":1,"bytes":'), pl.col("state").cast(pl.String),
+        pl.lit(',"descriptors":'), pl.col("state_descs").cast(pl.String), pl.lit("}]}"),
+    ]  # fmt: skip
+    return pl.concat_str([*pieces, *groups])
+
+
+def _request_json() -> pl.Expr:
+    strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status"}
+    return pl.concat_str([*_json_record("request", _REQUEST_FIELDS, strings), pl.lit("}")])
+
+
 def _head(level: str, stamp: str, where: str, process: str, colour: bool) -> str:
     if colour:
         return (
@@ -282,20 +313,8 @@ class _EngineFiles:
         self._access_lines(requests)
 
     def _trace(self, requests: pl.DataFrame, reads: pl.DataFrame) -> None:
-        transfers = reads.select(
-            pl.col("ts"),
-            pl.lit(0).alias("order"),
-            pl.struct(pl.lit("transfer").alias("type"), pl.lit(1).alias("v"), *_TRANSFER_FIELDS)
-            .struct.json_encode()
-            .alias("line"),
-        )
-        asked = requests.select(
-            pl.col("ts"),
-            pl.lit(1).alias("order"),
-            pl.struct(pl.lit("request").alias("type"), pl.lit(1).alias("v"), *_REQUEST_FIELDS)
-            .struct.json_encode()
-            .alias("line"),
-        )
+        transfers = reads.select(pl.col("ts"), pl.lit(0).alias("order"), _transfer_json().alias("line"))
+        asked = requests.select(pl.col("ts"), pl.lit(1).alias("order"), _request_json().alias("line"))
         merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
         _write_lines(self.trace, merged["line"])
         self.counts["transfers"] += reads.height
