@@ -53,7 +53,8 @@ class SimOptions:
     ssm_dtype: str = "auto"
     bandwidth_gb_s: float = 20.0  # effective per-read bandwidth, decimal GB/s
     bandwidth_jitter: float = 0.08  # lognormal sigma of per-read bandwidth
-    fixed_cost_s: float = 80e-6
+    fixed_cost_s: float = 80e-6  # median fixed cost per read
+    fixed_cost_jitter: float = 0.25  # lognormal sigma of the per-read fixed cost
     post_s_per_descriptor: float = 0.5e-6
     poll_interval_s: float = 0.005  # engine step: completion is seen only when polled
     duration_s: float = 120.0

@@ -291,6 +291,7 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         pl.col("rank").cast(pl.Int32),
         blocks.alias("blocks"),
         normal(seed, 40, m, read_offset).alias("z_bw"),
+        normal(seed, 42, m, read_offset).alias("z_fixed"),
     )
     attention = pl.col("blocks") * pl.col("block") * pl.col("b_token") // pl.col("share")
     state = pl.when(pl.col("x_unsharded_state") & (pl.col("rank") == pl.col("chosen_rank"))).then(
@@ -328,7 +329,8 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         (pl.col("attention") + pl.col("state")).alias("bytes"),
         bandwidth.alias("bandwidth"),
     )
-    done = pl.col("post") + options.fixed_cost_s + pl.col("post_s") + pl.col("bytes") / pl.col("bandwidth")
+    fixed = options.fixed_cost_s * (options.fixed_cost_jitter * pl.col("z_fixed")).exp()
+    done = pl.col("post") + fixed + pl.col("post_s") + pl.col("bytes") / pl.col("bandwidth")
     poll = options.poll_interval_s
     seen = (done / poll).ceil() * poll + 1e-6  # completion is observed at the next engine step
     status = (
