@@ -96,7 +96,9 @@ def make_logs(folder: Path, megabytes: int) -> int:
         path = folder / f"instance-{f}" / "vllm.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as handle:
-            handle.write(f"(Worker_TP0 pid=305) INFO 04-21 09:00:00 [worker.py:1] Initializing NIXL worker engine-{f}\n".encode())
+            handle.write(
+                f"(Worker_TP0 pid=305) INFO 04-21 09:00:00 [worker.py:1] Initializing NIXL worker engine-{f}\n".encode()
+            )
             target = megabytes * 1_000_000 // files
             written = 0
             block = sample * max(1, 8_000_000 // len(sample))
@@ -109,20 +111,27 @@ def make_logs(folder: Path, megabytes: int) -> int:
 
 
 def _run(code: str) -> tuple[float, int]:
-    """Seconds and peak RSS (bytes) of running ``code`` in a fresh interpreter."""
-    wrapper = (
-        "import resource, time, sys\n"
-        "t = time.perf_counter()\n"
-        f"{code}\n"
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+    """Seconds and peak RSS (bytes) of running ``code`` in a fresh interpreter.
+
+    Peak memory comes from GNU time's report of the child alone: a child's own
+    getrusage would carry over the high-water mark of this (generating) process.
+    """
+    wrapper = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)\n"
+    out = subprocess.run(
+        ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-c", wrapper],
+        check=True,
+        capture_output=True,
+        text=True,
     )
-    out = subprocess.run([sys.executable, "-c", wrapper], check=True, capture_output=True, text=True)
-    seconds, rss = out.stdout.strip().splitlines()[-1].split()
-    return float(seconds), int(rss)
+    seconds = float(out.stdout.strip().splitlines()[-1])
+    rss_kb = int(out.stderr.strip().rsplit("maxrss_kb=", 1)[1].split()[0])
+    return seconds, rss_kb * 1024
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mb", type=int, default=1000, help="size of each input, MB")
     parser.add_argument("--dir", default="/tmp/hybridtrace-bench")
     args = parser.parse_args()

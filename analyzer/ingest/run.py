@@ -41,7 +41,7 @@ from hybridtrace.store import Store, concat, dedupe, new_batch_id
 HEAD_BYTES = 64 * 1024
 FINGERPRINT_BYTES = 4096
 CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
-BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "500000"))
+BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "200000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
 # A last line without a newline in a file modified this recently may still be written.
 QUIET_SECONDS = 60.0
