@@ -28,9 +28,10 @@ def main() -> None:
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    bundle = str(root / "bundle")
     code = (
         "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
-        f"simulate(SimOptions(requests={args.requests}, inject=parse_inject('all')), {str(root / 'bundle')!r})\n"
+        f"simulate(SimOptions(requests={args.requests}, inject=parse_inject('all')), {bundle!r})\n"
     )
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,5 +14,5 @@ def test_ruff_clean():
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (pip install '.[test]')")
-    result = subprocess.run([ruff, "check", "analyzer", "tests"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([ruff, "check", "analyzer", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
