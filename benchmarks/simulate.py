@@ -43,9 +43,8 @@ def main() -> None:
     subprocess.run(["sync"], check=False)
     copy_s = time.perf_counter() - started
     print(f"bundle            {size / 1e6:,.0f} MB, {args.requests:,} requests")
-    print(
-        f"simulate          {simulate_s:6.2f} s  {size / 1e6 / simulate_s:7.1f} MB/s  peak RSS {peak / 2**20:,.0f} MiB"
-    )
+    rate = size / 1e6 / simulate_s
+    print(f"simulate          {simulate_s:6.2f} s  {rate:7.1f} MB/s  peak RSS {peak / 2**20:,.0f} MiB")
     print(f"copy (baseline)   {copy_s:6.2f} s  {size / 1e6 / copy_s:7.1f} MB/s")
     print(f"simulate / copy:  {simulate_s / copy_s:.2f}x")
 

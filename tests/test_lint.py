@@ -14,5 +14,6 @@ def test_ruff_clean():
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (pip install '.[test]')")
-    result = subprocess.run([ruff, "check", "analyzer", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    command = [ruff, "check", "analyzer", "tests", "benchmarks"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
