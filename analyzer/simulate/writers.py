@@ -130,8 +130,9 @@ def kv_metrics_line(xfer: list[float], post: list[float], total_bytes: int, desc
 
 
 def _write_lines(handle: BinaryIO, lines: pl.Series) -> None:
-    for start in range(0, lines.len(), 200_000):
-        handle.write((lines.slice(start, 200_000).str.join("\n").item() + "\n").encode())
+    """Each line as is, newline-terminated (a one-column CSV without quoting is exactly that)."""
+    if lines.len():
+        lines.to_frame("line").write_csv(handle, include_header=False, quote_style="never")
 
 
 class _EngineFiles:
