@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import polars as pl
+
 from hybridtrace.simulate.scenario import INJECTABLE, SimOptions, parse_inject
 from hybridtrace.simulate.workload import blocks, global_findings, prepare
 from hybridtrace.simulate.writers import BundleWriter
@@ -35,15 +37,24 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     with open(staged, "w") as findings_file:
         first = True
 
-        def record(findings: list[dict]) -> None:
+        def record(findings: pl.DataFrame) -> None:
             nonlocal first
-            for finding in findings:
-                bucket = injected if finding["evidence"]["injected"] else natural
-                bucket[finding["kind"]] = bucket.get(finding["kind"], 0) + 1
-                findings_file.write(("" if first else ",\n") + json.dumps(finding, **_COMPACT))
-                first = False
+            if not findings.height:
+                return
+            for kind, was_injected, count in findings.group_by(["kind", "injected"]).len().iter_rows():
+                bucket = injected if was_injected else natural
+                bucket[kind] = bucket.get(kind, 0) + count
+            findings_file.write(("" if first else ",\n") + findings["line"].str.join(",\n").item())
+            first = False
 
-        record(global_findings(plan))
+        global_rows = [(f["kind"], True, json.dumps(f, **_COMPACT)) for f in global_findings(plan)]
+        record(
+            pl.DataFrame(
+                global_rows,
+                schema={"kind": pl.String, "injected": pl.Boolean, "line": pl.String},
+                orient="row",
+            )
+        )
         previous = None
         for block in blocks(plan, block_size):
             if previous is not None:

@@ -16,6 +16,7 @@ same bundle.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class Plan:
 class Block:
     requests: pl.DataFrame  # one row per request (trace `request` fields + internals)
     reads: pl.DataFrame  # one row per NIXL read (trace `transfer` fields + done_ts)
-    findings: list[dict]
+    findings: pl.DataFrame  # kind, injected, line (JSON)
     last: bool
 
 
@@ -136,7 +137,7 @@ def blocks(plan: Plan, size: int = 100_000) -> Iterator[Block]:
             yield Block(requests, reads, _findings(requests), last)
             read_offset += reads.height
         elif last:
-            yield Block(requests, pl.DataFrame(), [], True)
+            yield Block(requests, pl.DataFrame(), _findings(requests), True)
         offset += count
         if last:
             return
@@ -418,30 +419,67 @@ def global_findings(plan: Plan) -> list[dict]:
     return truth
 
 
-def _findings(requests: pl.DataFrame) -> list[dict]:
-    """Findings about the requests of one block: injected, and naturally true."""
-    truth: list[dict] = []
-    columns = ["request_id", "engine_id", "remote_engine_id", "chosen_rank"]
+def _json_text(column: str) -> pl.Expr:
+    """A JSON string literal of ``column`` (ids and engine names need no escaping), or null."""
+    return (
+        pl.when(pl.col(column).is_null())
+        .then(pl.lit("null"))
+        .otherwise(pl.concat_str(pl.lit('"'), pl.col(column), pl.lit('"')))
+    )
+
+
+def _findings(requests: pl.DataFrame) -> pl.DataFrame:
+    """Findings about the requests of one block, as (kind, injected, JSON line) rows.
+
+    Written column-wise in the key order ``json.dumps(sort_keys=True)`` gives the global
+    findings, so every line of truth.json reads alike.
+    """
+    frames = []
     for kind in REQUEST_KINDS:
-        hits = requests.filter(pl.col(f"x_{kind}")).select(columns)
-        for request_id, engine_id, remote, chosen in hits.iter_rows():
-            rank = chosen if kind in ("unsharded_state", "transfer_failed") else None
-            truth.append(_finding(kind, engine_id, rank=rank, request_id=request_id, remote_engine_id=remote))
+        hits = requests.filter(pl.col(f"x_{kind}"))
+        if not hits.height:
+            continue
+        message, severity = _MESSAGES[kind]
+        rank = (
+            pl.col("chosen_rank").cast(pl.String)
+            if kind in ("unsharded_state", "transfer_failed")
+            else pl.lit("null")
+        )
+        frames.append(_finding_lines(hits, kind, severity, message, rank, pl.lit('{"injected":true}'), True))
     natural = requests.filter(
         ~pl.col("x_recompute_cheaper")
         & (pl.col("status") == "ok")
         & (pl.col("critical_s") > pl.col("prefill_s"))
-    ).select(*columns[:3], "critical_s", "prefill_s")
-    for request_id, engine_id, remote, critical, prefill in natural.iter_rows():
-        truth.append(
-            _finding(
-                "recompute_cheaper",
-                engine_id,
-                request_id=request_id,
-                remote_engine_id=remote,
-                message="the handoff took longer than prefilling the missing prefix on the decoder",
-                evidence={"critical_path_s": critical, "prefill_s": prefill},
-                injected=False,
-            )
+    )
+    if natural.height:
+        evidence = pl.concat_str(
+            pl.lit('{"critical_path_s":'), pl.col("critical_s").cast(pl.String),
+            pl.lit(',"injected":false,"prefill_s":'), pl.col("prefill_s").cast(pl.String), pl.lit("}"),
+        )  # fmt: skip
+        message = "the handoff took longer than prefilling the missing prefix on the decoder"
+        frames.append(
+            _finding_lines(natural, "recompute_cheaper", "warning", message, pl.lit("null"), evidence, False)
         )
-    return truth
+    if not frames:
+        return pl.DataFrame(schema={"kind": pl.String, "injected": pl.Boolean, "line": pl.String})
+    return pl.concat(frames)
+
+
+def _finding_lines(
+    rows: pl.DataFrame,
+    kind: str,
+    severity: str,
+    message: str,
+    rank: pl.Expr,
+    evidence: pl.Expr,
+    injected: bool,
+) -> pl.DataFrame:
+    line = pl.concat_str(
+        pl.lit('{"end_ts":null,"engine_id":'), _json_text("engine_id"),
+        pl.lit(',"evidence":'), evidence,
+        pl.lit(f',"kind":"{kind}","message":{json.dumps(message)},"rank":'), rank,
+        pl.lit(',"remote_engine_id":'), _json_text("remote_engine_id"),
+        pl.lit(',"request_id":'), _json_text("request_id"),
+        pl.lit(f',"severity":"{severity}","start_ts":null}}'),
+    )  # fmt: skip
+    return rows.select(pl.lit(kind).alias("kind"), pl.lit(injected).alias("injected"), line.alias("line"))
