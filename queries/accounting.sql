@@ -1,0 +1,101 @@
+-- accounting: the four byte counts of every NIXL read, and their sums per request.
+--
+-- For one read (one decode rank's read from one prefill rank), with B and S the
+-- decode engine's per-rank byte model (engine_models), T the request's transferred
+-- tokens, J the state blocks read and `share` the number of reads that decode rank made
+-- for the request (more than one when the prefill engine has more ranks):
+--   logical     = (B·T) / share + (S·J) / share                  the information that had to move
+--   expected    = (ceil(T / block)·block·B) / share + (S·J) / share    attention blocks move whole
+--   reserved    = (ceil(T / block)·block·B) / share + (J·L·padded page) / share   allocator pages
+--   transported = what NIXL reported
+-- Divisions are integer (a read moves whole bytes). expected − logical is block rounding
+-- (not a leak); transported − expected is what a correct connector would not have moved.
+
+-- _read_share: how many reads each decode rank made for each request.
+CREATE OR REPLACE VIEW _read_share AS
+SELECT engine_id, request_id, rank, count(*) AS share
+FROM transfers
+GROUP BY ALL;
+
+-- transfer_bytes: one row per read with a sized engine and a matching request.
+--
+-- Columns:
+--   engine_id, request_id, rank, remote_engine_id, remote_rank, ts, status   the read
+--   transferred_tokens (T), state_blocks (J), share                           the inputs
+--   logical_bytes, expected_bytes, reserved_bytes, transported_bytes         the four counts
+--   logical_attention_bytes, logical_state_bytes                             logical by cache type
+--   expected_attention_bytes, expected_state_bytes                           expected by cache type
+--   reserved_state_bytes                                                     padded state pages
+--   attention_transported_bytes, state_transported_bytes                     from the read's groups; null without
+--   block_rounding_bytes   expected − logical
+--   excess_bytes           transported − expected (positive: more than a correct connector moves)
+--   padding_gap_bytes      reserved − expected: what sending padded state pages would add
+CREATE OR REPLACE VIEW transfer_bytes AS
+WITH base AS (
+    SELECT
+        t.engine_id, t.request_id, t.rank, t.remote_engine_id, t.remote_rank, t.ts, t.status,
+        r.transferred_tokens AS tokens,
+        coalesce(r.state_blocks, 1) AS state_blocks,
+        s.share,
+        m.attention_bytes_per_token AS b,
+        m.state_bytes AS s,
+        m.block_tokens AS block,
+        m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
+        t.transported_bytes,
+        t.groups
+    FROM transfers t
+    JOIN requests r USING (engine_id, request_id)
+    JOIN _read_share s USING (engine_id, request_id, rank)
+    JOIN engine_models m ON m.engine_id = t.engine_id AND m.error IS NULL
+),
+counted AS (
+    SELECT
+        *,
+        b * tokens // share AS logical_attention_bytes,
+        s * state_blocks // share AS logical_state_bytes,
+        (tokens + block - 1) // block * block * b // share AS expected_attention_bytes,
+        coalesce(padded_state, s) * state_blocks // share AS reserved_state_bytes,
+        CASE WHEN json_extract_string(groups, '$[0].kind') = 'attention'
+             THEN CAST(json_extract(groups, '$[0].bytes') AS BIGINT) END AS attention_transported_bytes,
+        CASE WHEN json_extract_string(groups, '$[1].kind') = 'mamba'
+             THEN CAST(json_extract(groups, '$[1].bytes') AS BIGINT) END AS state_transported_bytes
+    FROM base
+)
+SELECT
+    engine_id, request_id, rank, remote_engine_id, remote_rank, ts, status,
+    tokens AS transferred_tokens, state_blocks, share,
+    logical_attention_bytes + logical_state_bytes AS logical_bytes,
+    expected_attention_bytes + logical_state_bytes AS expected_bytes,
+    expected_attention_bytes + reserved_state_bytes AS reserved_bytes,
+    transported_bytes,
+    logical_attention_bytes, logical_state_bytes,
+    expected_attention_bytes, logical_state_bytes AS expected_state_bytes,
+    reserved_state_bytes,
+    attention_transported_bytes, state_transported_bytes,
+    expected_attention_bytes - logical_attention_bytes AS block_rounding_bytes,
+    transported_bytes - (expected_attention_bytes + logical_state_bytes) AS excess_bytes,
+    reserved_state_bytes - logical_state_bytes AS padding_gap_bytes
+FROM counted;
+
+-- request_bytes: the four counts summed over a request's reads (all ranks).
+--
+-- Ratios are ratios of sums over the request's reads, not means of per-read ratios.
+-- Columns:
+--   engine_id, request_id, reads, ranks
+--   logical_bytes, expected_bytes, reserved_bytes, transported_bytes   sums over the reads
+--   transported_over_expected, transported_over_logical                ratios of those sums
+--   excess_bytes                                                       transported − expected
+CREATE OR REPLACE VIEW request_bytes AS
+SELECT
+    engine_id, request_id,
+    count(*) AS reads,
+    count(DISTINCT rank) AS ranks,
+    sum(logical_bytes) AS logical_bytes,
+    sum(expected_bytes) AS expected_bytes,
+    sum(reserved_bytes) AS reserved_bytes,
+    sum(transported_bytes) AS transported_bytes,
+    sum(transported_bytes) / nullif(sum(expected_bytes), 0) AS transported_over_expected,
+    sum(transported_bytes) / nullif(sum(logical_bytes), 0) AS transported_over_logical,
+    sum(excess_bytes) AS excess_bytes
+FROM transfer_bytes
+GROUP BY ALL;

@@ -1,0 +1,77 @@
+"""Byte accounting per read and request: fixture (simulated bundle) + query + expected rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.simulate import SimOptions, simulate
+from hybridtrace.store import Store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("accounting")
+    # two decode engines: one at prefill's TP, one reading each rank's shard from two prefill ranks
+    options = SimOptions(seed=11, prefill_tp=(4,), decode_tp=(4, 2), decode_engines=2, duration_s=30,
+                         inject={"padding_leak": 0.3, "unsharded_state": 0.1})  # fmt: skip
+    simulate(options, root / "bundle")
+    ingest([root / "bundle"], root / "store")
+    return Store(root / "store").connect()
+
+
+def test_every_read_is_accounted(store):
+    reads = store.sql("SELECT count(*) FROM transfers").fetchall()[0][0]
+    assert store.sql("SELECT count(*) FROM transfer_bytes").fetchall()[0][0] == reads
+
+
+def test_clean_reads_move_exactly_the_expected_bytes(store):
+    # Requests with no injection: transported == expected to the byte, at both TP shapes.
+    rows = store.sql(
+        """
+        SELECT share, count(*), sum(abs(excess_bytes)), min(block_rounding_bytes) >= 0,
+               bool_and(attention_transported_bytes = expected_attention_bytes)
+        FROM transfer_bytes
+        WHERE request_id NOT IN (SELECT request_id FROM transfer_bytes WHERE excess_bytes <> 0)
+        GROUP BY share ORDER BY share
+        """
+    ).fetchall()
+    assert [r[0] for r in rows] == [1, 2]
+    assert all(r[1] > 0 and r[2] == 0 and r[3] and r[4] for r in rows)
+
+
+def test_padding_leaks_show_as_the_padding_gap(store):
+    # A leaked read carries its state as padded pages: the excess is exactly reserved − expected.
+    rows = store.sql(
+        """
+        SELECT count(*), bool_and(excess_bytes = padding_gap_bytes), bool_and(transported_bytes = reserved_bytes)
+        FROM transfer_bytes
+        WHERE excess_bytes > 0 AND state_transported_bytes = reserved_state_bytes
+        """
+    ).fetchall()[0]
+    assert rows[0] > 0 and rows[1] and rows[2]
+
+
+def test_unsharded_state_is_one_rank_pulling_every_shard(store):
+    # The rank moved S·TP (every rank's shard) over its reads instead of S.
+    rows = store.sql(
+        """
+        SELECT b.share, b.state_transported_bytes, m.state_bytes * m.tp_size // b.share AS whole_state
+        FROM transfer_bytes b JOIN engine_models m USING (engine_id)
+        WHERE b.excess_bytes > 0 AND b.state_transported_bytes <> b.reserved_state_bytes
+        """
+    ).fetchall()
+    assert rows and {r[0] for r in rows} <= {1, 2}
+    assert all(moved == whole for _, moved, whole in rows)
+
+
+def test_request_sums_are_ratios_of_sums(store):
+    row = store.sql(
+        """
+        SELECT count(*), bool_and(abs(transported_over_expected - transported_bytes / expected_bytes) < 1e-12),
+               bool_and(reads = ranks * (SELECT max(share) FROM transfer_bytes b
+                                         WHERE b.request_id = request_bytes.request_id))
+        FROM request_bytes
+        """
+    ).fetchall()[0]
+    assert row[0] > 0 and row[1] and row[2]
