@@ -44,7 +44,8 @@ def test_padding_leaks_show_as_the_padding_gap(store):
     # A leaked read carries its state as padded pages: the excess is exactly reserved − expected.
     rows = store.sql(
         """
-        SELECT count(*), bool_and(excess_bytes = padding_gap_bytes), bool_and(transported_bytes = reserved_bytes)
+        SELECT count(*), bool_and(excess_bytes = padding_gap_bytes),
+               bool_and(transported_bytes = reserved_bytes)
         FROM transfer_bytes
         WHERE excess_bytes > 0 AND state_transported_bytes = reserved_state_bytes
         """
@@ -68,7 +69,8 @@ def test_unsharded_state_is_one_rank_pulling_every_shard(store):
 def test_request_sums_are_ratios_of_sums(store):
     row = store.sql(
         """
-        SELECT count(*), bool_and(abs(transported_over_expected - transported_bytes / expected_bytes) < 1e-12),
+        SELECT count(*),
+               bool_and(abs(transported_over_expected - transported_bytes / expected_bytes) < 1e-12),
                bool_and(reads = ranks * (SELECT max(share) FROM transfer_bytes b
                                          WHERE b.request_id = request_bytes.request_id))
         FROM request_bytes
