@@ -19,21 +19,16 @@ from hybridtrace.store import Store
 DEMO_INJECT = "slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02"
 
 
-# Expected bytes of one read when decode and prefill TP are equal: attention blocks whole,
-# state unpadded (the analyzer generalises this; the demo shows the idea).
-_EXPECTED = (
-    "ceil(r.transferred_tokens / m.block_tokens) * m.block_tokens * m.attention_bytes_per_token"
-    " + r.state_blocks * m.state_bytes"
-)
-_BYTES_SQL = f"""
-SELECT t.engine_id, count(*) AS reads, sum(t.transported_bytes) AS transported,
-       sum({_EXPECTED}) AS expected,
-       round(sum(t.transported_bytes) / sum({_EXPECTED}), 4) AS transported_over_expected
-FROM transfers t
-JOIN requests r USING (engine_id, request_id)
-JOIN engine_models m ON m.engine_id = t.engine_id
-WHERE t.status = 'ok' AND t.remote_tp_size = t.tp_size
-GROUP BY ALL
+# The four byte counts of queries/accounting.sql, summed per decode engine.
+_BYTES_SQL = """
+SELECT engine_id, count(*) AS reads,
+       sum(logical_bytes) AS logical, sum(expected_bytes) AS expected,
+       sum(reserved_bytes) AS reserved, sum(transported_bytes) AS transported,
+       round(sum(transported_bytes) / sum(expected_bytes), 4) AS transported_over_expected,
+       count(*) FILTER (WHERE excess_bytes > 0) AS reads_over_expected
+FROM transfer_bytes
+WHERE status = 'ok'
+GROUP BY engine_id ORDER BY engine_id
 """
 
 
@@ -77,7 +72,10 @@ def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResul
                 "FROM rank_bandwidth ORDER BY engine_id, rank"
             ),
         ),
-        ("Bytes that crossed against the byte model (per read, ratio of sums)", rows(_BYTES_SQL)),
+        (
+            "Bytes per read: logical, expected (whole blocks), reserved (padded pages), transported",
+            rows(_BYTES_SQL),
+        ),
         (
             "KV Transfer metrics intervals (logs) and Prometheus deltas",
             rows(
