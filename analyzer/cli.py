@@ -235,6 +235,87 @@ def query_command(
     typer.echo(render_rows(rows, fmt, columns))
 
 
+@app.command("analyze")
+def analyze_command(
+    store: StoreOption = None,
+    fmt: FormatOption = OutputFormat.table,
+    fail_on: Annotated[
+        str | None,
+        typer.Option(help="Exit 1 when any finding of these kinds (comma-separated, or 'any') is found."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(help="Exit 2 when there are no transfers or requests to analyze.")
+    ] = False,
+    config: Annotated[
+        str | None, typer.Option(help="hybridtrace.toml with [thresholds] (default: ./hybridtrace.toml).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Findings shown in the table (json and csv show all).")] = 40,
+) -> None:
+    """Run the finding rules over the store and print the findings."""
+    from hybridtrace.analyze import KINDS, analyze
+    from hybridtrace.output import to_csv
+    from hybridtrace.store import Store, default_store
+
+    root = store or default_store()
+    st = Store(root)
+    if not st.exists():
+        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
+    kinds: set[str] = set()
+    if fail_on:
+        kinds = (
+            set(KINDS) if fail_on.strip() == "any" else {k.strip() for k in fail_on.split(",") if k.strip()}
+        )
+        unknown = kinds - set(KINDS)
+        if unknown:
+            raise UsageError(f"--fail-on: unknown kinds {sorted(unknown)} (known: any, {', '.join(KINDS)})")
+    result = analyze(st.connect(), config=config)
+    if fmt is OutputFormat.json:
+        typer.echo(to_json(result.as_dict()))
+    elif fmt is OutputFormat.csv:
+        columns = ["kind", "severity", "engine_id", "rank", "request_id", "remote_engine_id"]
+        columns += ["start_ts", "end_ts", "message", "evidence"]
+        typer.echo(to_csv(result.findings, columns).rstrip("\n"))
+    else:
+        typer.echo(_analysis_table(result.as_dict(), limit))
+    empty = result.summary["no_inputs"]
+    if strict and ("transfers" in empty and "intervals" in empty):
+        typer.echo(
+            "hybridtrace: error: nothing to analyze: no transfers and no intervals in the store", err=True
+        )
+        raise typer.Exit(2)
+    if kinds and any(f["kind"] in kinds for f in result.findings):
+        raise typer.Exit(1)
+
+
+def _analysis_table(result: dict, limit: int) -> str:
+    summary, inputs = result["summary"], result["inputs"]
+    counts = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items() if v) or "none"
+    pairs = [
+        ("inputs", ", ".join(f"{k} {v:,}" for k, v in inputs.items())),
+        ("findings", f"{len(result['findings'])}: {counts}"),
+    ]
+    if summary["transported_bytes"] is not None:
+        sizes = ", ".join(
+            f"{name} {format_bytes(summary[name + '_bytes'])}"
+            for name in ("logical", "expected", "reserved", "transported")
+        )
+        ratio = summary["transported_over_expected"]
+        pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {ratio:.4f}, ratio of sums)"))
+    for name in summary["no_inputs"]:
+        pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
+    rows = [
+        {"severity": f["severity"], "kind": f["kind"], "engine": f["engine_id"], "rank": f["rank"],
+         "request": f["request_id"] or f["remote_engine_id"], "message": f["message"]}
+        for f in result["findings"][:limit]
+    ]  # fmt: skip
+    out = to_pairs(pairs)
+    if rows:
+        out += "\n\n" + to_table(rows, right_align=["rank"])
+        if len(result["findings"]) > limit:
+            out += f"\n... {len(result['findings']) - limit} more (--limit, or --format json for all)"
+    return out
+
+
 @app.command("simulate")
 def simulate_command(
     out: Annotated[str, typer.Option("--out", help="Folder to write the bundle and truth.json into.")],
@@ -353,7 +434,11 @@ def demo_command(
                 ("bundle", str(result.bundle)),
                 ("truth", str(result.bundle / "truth.json")),
                 ("store", str(result.store)),
-                ("explore", f'hybridtrace query "SELECT * FROM rank_bandwidth" --store {result.store}'),
+                ("findings", f"hybridtrace analyze --store {result.store}"),
+                (
+                    "explore",
+                    f'hybridtrace query "SELECT * FROM request_bytes LIMIT 10" --store {result.store}',
+                ),
                 ("time", f"{result.seconds:.1f} s"),
             ]
         )

@@ -193,8 +193,10 @@ class Store:
         con.register("_engine_models_table", engine_models(con))
         con.execute("CREATE VIEW engine_models AS SELECT * FROM _engine_models_table")
         if with_queries:
+            from hybridtrace.analyze.thresholds import install as install_thresholds
             from hybridtrace.queries_loader import install_views
 
+            install_thresholds(con)
             install_views(con)
         return con
 

@@ -55,7 +55,7 @@ class SimOptions:
     bandwidth_jitter: float = 0.08  # lognormal sigma of per-read bandwidth
     fixed_cost_s: float = 80e-6  # median fixed cost per read
     fixed_cost_jitter: float = 0.25  # lognormal sigma of the per-read fixed cost
-    post_s_per_descriptor: float = 0.5e-6
+    post_s_per_descriptor: float = 0.1e-6
     poll_interval_s: float = 0.005  # engine step: completion is seen only when polled
     duration_s: float = 120.0
     request_rate: float = 5.0  # requests per second

@@ -216,6 +216,8 @@ def _requests(plan: Plan, offset: int, count: int, previous_arrival: float) -> p
     for kind in REQUEST_KINDS:
         if f"x_{kind}" not in frame.columns:
             frame = frame.with_columns(pl.lit(False).alias(f"x_{kind}"))
+    # A congested link would hide slow posting: a request gets one or the other.
+    frame = frame.with_columns(pl.col("x_recompute_cheaper") & ~pl.col("x_descriptor_bound"))
     prefix = f"cmpl-{options.seed:x}"
     useless = pl.col("x_useless_boundary")
     half = pl.col("missing_tokens") // 2
@@ -380,8 +382,12 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
 
 def _settle(requests: pl.DataFrame, reads: pl.DataFrame) -> pl.DataFrame:
     """Each request's status and critical path (its slowest read, post to completion)."""
+    ok = pl.col("status") == "ok"
     per_request = reads.group_by("n").agg(
-        pl.col("xfer_s").max().alias("critical_s"), (pl.col("status") == "failed").any().alias("any_failed")
+        pl.col("xfer_s").max().alias("critical_s"),
+        (pl.col("status") == "failed").any().alias("any_failed"),
+        pl.col("post_s").filter(ok).sum().alias("post_sum"),
+        pl.col("xfer_s").filter(ok).sum().alias("xfer_sum"),
     )
     status = (
         pl.when(pl.col("x_kv_expired"))
@@ -436,7 +442,18 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
     """
     frames = []
     for kind in REQUEST_KINDS:
-        hits = requests.filter(pl.col(f"x_{kind}"))
+        # Only what the telemetry can show is true: an expired request's reads moved nothing
+        # usable, so what only successful reads show cannot be seen on it (its staging bytes
+        # and its boundary still can); a failed or expired request has no handoff time to
+        # compare; the rank chosen to fail is the one chosen to pull the whole state.
+        visible = pl.col(f"x_{kind}")
+        if kind not in ("kv_expired", "staging_copy", "useless_boundary"):
+            visible = visible & ~pl.col("x_kv_expired")
+        if kind == "recompute_cheaper":
+            visible = visible & (pl.col("status") == "ok")
+        if kind == "unsharded_state":
+            visible = visible & ~pl.col("x_transfer_failed")
+        hits = requests.filter(visible)
         if not hits.height:
             continue
         message, severity = _MESSAGES[kind]
@@ -459,6 +476,24 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
         message = "the handoff took longer than prefilling the missing prefix on the decoder"
         frames.append(
             _finding_lines(natural, "recompute_cheaper", "warning", message, pl.lit("null"), evidence, False)
+        )
+    # Posting can dominate without an injection (many small blocks on a fast link).
+    posting = requests.filter(
+        ~pl.col("x_descriptor_bound") & ~pl.col("x_kv_expired") & (pl.col("xfer_sum") > 0)
+        & (pl.col("post_sum") / pl.col("xfer_sum") >= 0.5)
+    )  # fmt: skip
+    if posting.height:
+        message, severity = _MESSAGES["descriptor_bound"]
+        frames.append(
+            _finding_lines(
+                posting,
+                "descriptor_bound",
+                severity,
+                message,
+                pl.lit("null"),
+                pl.lit('{"injected":false}'),
+                False,
+            )
         )
     if not frames:
         return pl.DataFrame(schema={"kind": pl.String, "injected": pl.Boolean, "line": pl.String})

@@ -1,0 +1,97 @@
+"""The analyzer: findings from the store's views, with the inputs they rest on.
+
+Every rule is a ``finding_<kind>`` view in ``queries/``; this module runs them, counts the
+inputs each could see, and shapes the result as ``analyze --format json`` prints it. It
+computes nothing itself: byte counts and verdicts live in SQL.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import duckdb
+
+from hybridtrace.analyze.thresholds import install as install_thresholds
+from hybridtrace.analyze.thresholds import load as load_thresholds
+
+KINDS = (
+    "padding_leak",
+    "staging_copy",
+    "useless_boundary",
+    "slow_rank",
+    "descriptor_bound",
+    "kv_expired",
+    "transfer_failed",
+    "unsharded_state",
+    "config_mismatch",
+    "recompute_cheaper",
+)
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+_INPUT_TABLES = (
+    "transfers",
+    "requests",
+    "engines",
+    "intervals",
+    "log_events",
+    "prom_samples",
+    "engine_models",
+)
+
+
+@dataclass
+class Analysis:
+    findings: list[dict]
+    inputs: dict[str, int]
+    summary: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"findings": self.findings, "inputs": self.inputs, "summary": self.summary}
+
+
+def analyze(con: duckdb.DuckDBPyConnection, *, config: str | None = None) -> Analysis:
+    """Run every finding rule over the store behind ``con``."""
+    install_thresholds(con, load_thresholds(config))
+    inputs = {name: con.sql(f"SELECT count(*) FROM {name}").fetchall()[0][0] for name in _INPUT_TABLES}
+    inputs["transfers_accounted"] = con.sql("SELECT count(*) FROM transfer_bytes").fetchall()[0][0]
+    findings: list[dict] = []
+    by_kind: dict[str, int] = {}
+    for kind in KINDS:
+        relation = con.sql(f"SELECT * FROM finding_{kind}")
+        columns = relation.columns
+        rows = [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
+        for row in rows:
+            row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
+        by_kind[kind] = len(rows)
+        findings.extend(rows)
+    findings.sort(
+        key=lambda f: (
+            SEVERITY_ORDER.get(f["severity"], 9),
+            f["kind"],
+            f["engine_id"] or "",
+            f["request_id"] or "",
+            -1 if f["rank"] is None else f["rank"],
+        )
+    )
+    severities: dict[str, int] = {}
+    for finding in findings:
+        severities[finding["severity"]] = severities.get(finding["severity"], 0) + 1
+    totals = con.sql(
+        "SELECT sum(logical_bytes), sum(expected_bytes), sum(reserved_bytes), sum(transported_bytes) "
+        "FROM transfer_bytes WHERE status = 'ok'"
+    ).fetchall()[0]
+    logical, expected, reserved, transported = totals
+    summary = {
+        "findings_by_kind": by_kind,
+        "findings_by_severity": severities,
+        "logical_bytes": logical,
+        "expected_bytes": expected,
+        "reserved_bytes": reserved,
+        "transported_bytes": transported,
+        "transported_over_expected": transported / expected if expected else None,
+        "transported_over_logical": transported / logical if logical else None,
+        "no_inputs": [
+            name for name in ("transfers", "requests", "intervals", "log_events") if inputs[name] == 0
+        ],
+    }
+    return Analysis(findings, inputs, summary)

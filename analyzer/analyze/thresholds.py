@@ -1,0 +1,86 @@
+"""Thresholds of the finding rules: sound defaults, overridable in ``hybridtrace.toml``.
+
+The rules read them from the ``_thresholds`` table, so SQL and docs share one list::
+
+    [thresholds]
+    descriptor_post_share = 0.5
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from hybridtrace.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    default: float
+    doc: str
+
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "excess_min_bytes",
+        4096,
+        "bytes a read may exceed its expected size before it counts (slack for rounding)",
+    ),
+    Threshold(
+        "unsharded_factor",
+        1.5,
+        "state moved over the rank's shard at or above which a rank pulled unsharded state",
+    ),
+    Threshold(
+        "descriptor_post_share",
+        0.5,
+        "share of a read's transfer time spent posting descriptors that makes it descriptor-bound",
+    ),
+    Threshold(
+        "slow_rank_ratio",
+        0.6,
+        "a rank is slow in a window when its median bandwidth is below this share of its peers'",
+    ),
+    Threshold(
+        "slow_rank_windows", 0.5, "share of a rank's windows it must be slow in to be reported (persistence)"
+    ),
+    Threshold("slow_rank_min_reads", 3, "reads a rank needs in a window for the window to count"),
+    Threshold("window_s", 10, "length of the time windows slow ranks are judged in, seconds"),
+    Threshold(
+        "recompute_margin",
+        1.0,
+        "the handoff must exceed the prefill time by this factor to report recompute_cheaper",
+    ),
+)
+DEFAULTS = {t.name: t.default for t in THRESHOLDS}
+
+
+def load(path: str | Path | None = None) -> dict[str, float]:
+    """Defaults, overridden by ``[thresholds]`` of ``path`` (or ./hybridtrace.toml when present)."""
+    values = dict(DEFAULTS)
+    candidate = Path(path) if path else Path("hybridtrace.toml")
+    if path and not candidate.exists():
+        raise UsageError(f"{candidate}: no such config file")
+    if candidate.exists():
+        try:
+            raw = tomllib.loads(candidate.read_text()).get("thresholds", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{candidate}: {exc}") from exc
+        for name, value in raw.items():
+            if name not in values:
+                raise UsageError(f"{candidate}: unknown threshold {name!r} (known: {', '.join(values)})")
+            if not isinstance(value, (int, float)):
+                raise UsageError(f"{candidate}: threshold {name} must be a number")
+            values[name] = float(value)
+    return values
+
+
+def install(con: duckdb.DuckDBPyConnection, values: dict[str, float] | None = None) -> None:
+    """(Re)create the ``_thresholds`` table the rules read."""
+    values = values or DEFAULTS
+    con.execute("CREATE OR REPLACE TABLE _thresholds (name VARCHAR, value DOUBLE)")
+    con.executemany("INSERT INTO _thresholds VALUES (?, ?)", [(k, float(v)) for k, v in values.items()])

@@ -1,0 +1,145 @@
+-- findings_requests: request-scoped finding rules over the connector trace and the logs.
+--
+-- Every finding view has the same columns, those of `analyze --format json`:
+--   kind, severity, engine_id, rank, request_id, remote_engine_id, start_ts, end_ts,
+--   message (one line a person can act on), evidence (JSON text with the numbers).
+-- Thresholds come from _thresholds (defaults in hybridtrace.analyze.thresholds, overridable
+-- in hybridtrace.toml) through the _t() macro of _macros.sql.
+
+-- finding_padding_leak: a read moved more than a correct connector would, and the excess
+-- is the allocator padding of the state pages (the state crossed as padded pages).
+CREATE OR REPLACE VIEW finding_padding_leak AS
+SELECT
+    'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    any_value(remote_engine_id) AS remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'recurrent state crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
+        || count(*) || ' reads beyond what the model needs' AS message,
+    CAST(json_object('reads', count(*), 'transported_bytes', sum(transported_bytes),
+        'expected_bytes', sum(expected_bytes), 'reserved_bytes', sum(reserved_bytes),
+        'excess_bytes', sum(excess_bytes), 'padding_gap_bytes', sum(padding_gap_bytes),
+        'how', 'state sent as padded pages') AS VARCHAR) AS evidence
+FROM transfer_bytes
+WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes') AND padding_gap_bytes > 0
+  AND abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes')
+GROUP BY engine_id, request_id;
+
+-- finding_unsharded_state: one rank received far more recurrent state than its TP shard.
+CREATE OR REPLACE VIEW finding_unsharded_state AS
+SELECT
+    'unsharded_state' AS kind, 'warning' AS severity, engine_id, rank, request_id,
+    any_value(remote_engine_id) AS remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'rank ' || rank || ' pulled ' || sum(transported_bytes - expected_attention_bytes) || ' bytes of state; its shard is '
+        || sum(expected_state_bytes) || ' bytes' AS message,
+    CAST(json_object('reads', count(*), 'state_bytes_moved', sum(transported_bytes - expected_attention_bytes),
+        'state_shard_bytes', sum(expected_state_bytes), 'share', any_value(share)) AS VARCHAR) AS evidence
+FROM transfer_bytes
+WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes')
+  AND transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
+  AND abs(excess_bytes - padding_gap_bytes) > _t('excess_min_bytes')
+GROUP BY engine_id, request_id, rank;
+
+-- finding_staging_copy: a read went through a host staging buffer.
+CREATE OR REPLACE VIEW finding_staging_copy AS
+SELECT
+    'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
+    any_value(t.remote_engine_id) AS remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    sum(t.staging_bytes) || ' bytes staged through host memory beside the network read' AS message,
+    CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
+        'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(b.reserved_bytes),
+        'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(b.reserved_bytes), false)) AS VARCHAR)
+        AS evidence
+FROM transfers t
+LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
+WHERE t.staging_bytes > 0
+GROUP BY t.engine_id, t.request_id;
+
+-- finding_useless_boundary: KV arrived that the decoder could not resume from.
+CREATE OR REPLACE VIEW finding_useless_boundary AS
+SELECT
+    'useless_boundary' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    (transferred_tokens - reused_tokens) || ' transferred tokens lay beyond the usable boundary and were recomputed'
+        AS message,
+    CAST(json_object('transferred_tokens', transferred_tokens, 'reused_tokens', reused_tokens,
+        'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens) AS VARCHAR) AS evidence
+FROM requests
+WHERE reused_tokens < transferred_tokens;
+
+-- finding_descriptor_bound: posting descriptors, not moving bytes, took most of the reads' time.
+CREATE OR REPLACE VIEW finding_descriptor_bound AS
+SELECT
+    'descriptor_bound' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    any_value(remote_engine_id) AS remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'posting ' || sum(descriptors) || ' descriptors took ' || round(100 * sum(post_s) / sum(xfer_s), 1)
+        || '% of the transfer time' AS message,
+    CAST(json_object('reads', count(*), 'descriptors', sum(descriptors), 'post_s', sum(post_s),
+        'xfer_s', sum(xfer_s), 'bytes_per_descriptor', sum(transported_bytes) / nullif(sum(descriptors), 0))
+        AS VARCHAR) AS evidence
+FROM transfers
+WHERE status = 'ok' AND xfer_s > 0
+GROUP BY engine_id, request_id
+HAVING sum(post_s) / sum(xfer_s) >= _t('descriptor_post_share');
+
+-- finding_transfer_failed: a read failed (trace), or a failure line named the request (logs).
+CREATE OR REPLACE VIEW finding_transfer_failed AS
+SELECT
+    'transfer_failed' AS kind, 'error' AS severity, engine_id, rank, request_id, remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'NIXL read failed on rank ' || coalesce(CAST(rank AS VARCHAR), '?') || '; the request fell back or failed'
+        AS message,
+    CAST(json_object('source', any_value(source), 'reads', count(*)) AS VARCHAR) AS evidence
+FROM (
+    SELECT engine_id, rank, request_id, remote_engine_id, 'trace' AS source
+    FROM transfers WHERE status = 'failed'
+    UNION ALL
+    SELECT e.engine_id, e.rank, e.request_id, e.remote_engine_id, 'log' AS source
+    FROM log_events e
+    WHERE e.kind = 'transfer_failed' AND e.request_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.request_id = e.request_id AND t.status = 'failed')
+)
+GROUP BY engine_id, rank, request_id, remote_engine_id;
+
+-- finding_kv_expired: the prefill engine released the blocks before the decoder read them.
+-- Expiry lines come from the prefill side with its request id; the trace maps it to the
+-- decode request.
+CREATE OR REPLACE VIEW finding_kv_expired AS
+SELECT
+    'kv_expired' AS kind, 'error' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    any_value(remote_engine_id) AS remote_engine_id,
+    CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'KV blocks expired on the prefill engine before the decoder read them' AS message,
+    CAST(json_object('sources', list(DISTINCT source ORDER BY source)) AS VARCHAR) AS evidence
+FROM (
+    SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
+    FROM requests WHERE status = 'expired'
+    UNION ALL
+    SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
+    FROM transfers WHERE status = 'expired'
+    UNION ALL
+    SELECT coalesce(r.engine_id, e.engine_id), coalesce(r.request_id, e.request_id),
+           coalesce(r.remote_engine_id, e.engine_id), 'log' AS source
+    FROM log_events e
+    LEFT JOIN requests r ON r.remote_request_id = e.request_id
+    WHERE e.kind IN ('kv_expired', 'kv_expired_declined')
+)
+GROUP BY engine_id, request_id;
+
+-- finding_recompute_cheaper: the handoff's critical path (its slowest read, post to
+-- completion) took longer than prefilling the same missing prefix on the decoder.
+CREATE OR REPLACE VIEW finding_recompute_cheaper AS
+SELECT
+    'recompute_cheaper' AS kind, 'warning' AS severity, r.engine_id, CAST(NULL AS INTEGER) AS rank, r.request_id,
+    r.remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'the transfer took ' || round(x.critical_s * 1e3, 2) || ' ms; prefilling ' || r.missing_tokens
+        || ' tokens here took ' || round(r.prefill_s * 1e3, 2) || ' ms' AS message,
+    CAST(json_object('critical_path_s', x.critical_s, 'prefill_s', r.prefill_s, 'prefill', 'measured',
+        'missing_tokens', r.missing_tokens) AS VARCHAR) AS evidence
+FROM requests r
+JOIN (SELECT engine_id, request_id, max(xfer_s) AS critical_s FROM transfers GROUP BY ALL) x
+  USING (engine_id, request_id)
+WHERE coalesce(r.status, 'ok') = 'ok' AND r.prefill_s IS NOT NULL
+  AND x.critical_s > r.prefill_s * _t('recompute_margin');

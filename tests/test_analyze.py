@@ -1,0 +1,99 @@
+"""The analyzer against the simulator's truth: every injected fault found, nothing invented."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridtrace.analyze import KINDS, analyze
+from hybridtrace.ingest.run import ingest
+from hybridtrace.simulate import SimOptions, simulate
+from hybridtrace.store import Store
+
+RANKED = {"slow_rank", "unsharded_state", "transfer_failed"}
+
+
+def key(finding: dict) -> tuple:
+    rank = finding["rank"] if finding["kind"] in RANKED else None
+    return (finding["kind"], finding["engine_id"], finding["request_id"], rank)
+
+
+def run(tmp_path, options: SimOptions) -> tuple[set, set, dict]:
+    simulate(options, tmp_path / "bundle")
+    ingest([tmp_path / "bundle"], tmp_path / "store")
+    result = analyze(Store(tmp_path / "store").connect())
+    truth = json.loads((tmp_path / "bundle" / "truth.json").read_text())
+    return {key(f) for f in truth["findings"]}, {key(f) for f in result.findings}, result.as_dict()
+
+
+def test_every_kind_injected_is_found_and_nothing_else(tmp_path):
+    rates = {k: 1.0 if k in ("slow_rank", "config_mismatch") else 0.15 for k in KINDS}
+    expected, found, result = run(tmp_path, SimOptions(seed=21, inject=rates, duration_s=60))
+    assert {k[0] for k in expected} == set(KINDS)
+    assert found - expected == set(), "findings the truth does not have"
+    assert expected - found == set(), "truth the analyzer missed"
+    assert (
+        result["inputs"]["transfers"] > 0
+        and result["inputs"]["transfers_accounted"] == result["inputs"]["transfers"]
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        SimOptions(seed=22, duration_s=40),
+        # confounders: long prompts (long transfers that are simply long), a busy stretch,
+        # heterogeneous TP both ways, an fp8 KV cache everywhere
+        SimOptions(seed=23, duration_s=20, request_rate=40, median_prompt_tokens=16000, prefill_engines=2,
+                   decode_engines=2, prefill_tp=(2, 4), decode_tp=(4, 1), kv_dtype="fp8"),
+    ],
+    ids=["clean", "confounders"],
+)  # fmt: skip
+def test_clean_bundles_give_only_what_is_naturally_true(tmp_path, options):
+    expected, found, result = run(tmp_path, options)
+    assert {k[0] for k in expected} <= {"recompute_cheaper"}
+    assert found == expected
+    assert result["summary"]["transported_over_expected"] == pytest.approx(1.0)
+
+
+def test_thresholds_from_a_config_file(tmp_path):
+    options = SimOptions(seed=24, duration_s=30, inject={"descriptor_bound": 0.3})
+    simulate(options, tmp_path / "bundle")
+    ingest([tmp_path / "bundle"], tmp_path / "store")
+    con = Store(tmp_path / "store").connect()
+    assert analyze(con).summary["findings_by_kind"]["descriptor_bound"] > 0
+    config = tmp_path / "hybridtrace.toml"
+    config.write_text("[thresholds]\ndescriptor_post_share = 0.9999\n")
+    assert analyze(con, config=str(config)).summary["findings_by_kind"]["descriptor_bound"] == 0
+
+
+def test_cli_exit_codes(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    simulate(SimOptions(seed=25, duration_s=20, inject={"transfer_failed": 0.5}), tmp_path / "bundle")
+    ingest([tmp_path / "bundle"], tmp_path / "store")
+    script = Path(sys.executable).with_name("hybridtrace")
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "hybridtrace"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, "analyze", "--store", str(tmp_path / "store"), *args],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    assert run().returncode == 0
+    assert run("--fail-on", "transfer_failed").returncode == 1
+    assert run("--fail-on", "padding_leak").returncode == 0
+    bad = run("--fail-on", "nonsense")
+    assert bad.returncode == 2 and "unknown kinds" in bad.stderr
+    data = json.loads(run("--format", "json").stdout)
+    assert set(data) == {"findings", "inputs", "summary"}
+    assert any(f["kind"] == "transfer_failed" and f["severity"] == "error" for f in data["findings"])
+    empty = tmp_path / "empty"
+    (empty / "x").mkdir(parents=True)
+    (empty / "x" / "notes.txt").write_text("nothing\n")
+    ingest([empty], tmp_path / "empty-store")
+    strict = subprocess.run([*base, "analyze", "--store", str(tmp_path / "empty-store"), "--strict"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert strict.returncode == 2 and "nothing to analyze" in strict.stderr
