@@ -316,6 +316,74 @@ def _analysis_table(result: dict, limit: int) -> str:
     return out
 
 
+@app.command("explain")
+def explain_command(
+    request_id: Annotated[str, typer.Argument(help="Decode-side or prefill-side request id.")],
+    store: StoreOption = None,
+    fmt: FormatOption = OutputFormat.table,
+    config: Annotated[str | None, typer.Option(help="hybridtrace.toml with [thresholds].")] = None,
+) -> None:
+    """One handoff: per-rank timeline, bytes by cache type, tokens, log lines, findings."""
+    from hybridtrace.analyze.explain import explain
+    from hybridtrace.store import Store, default_store
+
+    root = store or default_store()
+    st = Store(root)
+    if not st.exists():
+        raise UsageError(f"{root}: no store here")
+    result = explain(st.connect(), request_id, config=config)
+    if fmt is not OutputFormat.table:
+        typer.echo(to_json(result))
+        return
+    request = result["request"]
+    token_fields = ("prompt_tokens", "cached_tokens", "missing_tokens", "transferred_tokens", "reused_tokens",
+                    "recomputed_tokens", "boundary_tokens", "state_blocks")  # fmt: skip
+    pairs = [
+        (
+            "request",
+            f"{request.get('request_id')} on {request.get('engine_id')} "
+            f"(prefill {request.get('remote_engine_id')}: {request.get('remote_request_id')})",
+        ),
+        ("status", str(request.get("status"))),
+        (
+            "tokens",
+            ", ".join(f"{k.replace('_tokens', '')} {request[k]}" for k in token_fields if k in request),
+        ),
+    ]
+    if result["critical_path_s"] is not None:
+        prefill = request.get("prefill_s")
+        vs = f" (prefill here: {format_duration(prefill)})" if prefill is not None else ""
+        pairs.append(("critical path", f"{format_duration(result['critical_path_s'])}{vs}"))
+    typer.echo(to_pairs(pairs))
+    reads = [
+        {"rank": r["rank"], "from": f"{r['remote_engine_id']}:{r['remote_rank']}", "status": r["status"],
+         "post": format_duration(r["post_s"]), "xfer": format_duration(r["xfer_s"]), "descs": r["descriptors"],
+         "transported": r["transported_bytes"], "expected": r["expected_bytes"], "excess": r["excess_bytes"],
+         "GB/s": round(r["effective_gb_s"], 2) if r["effective_gb_s"] else None}
+        for r in result["reads"]
+    ]  # fmt: skip
+    if reads:
+        typer.echo("\nReads\n\n" + to_table(reads))
+    types = result["bytes_by_cache_type"]
+    if types and types.get("logical_attention") is not None:
+        rows = [
+            {
+                "cache": name,
+                **{k: types[f"{k}_{name}"] for k in ("logical", "expected", "reserved", "transported")},
+            }
+            for name in ("attention", "state")
+        ]
+        typer.echo("\nBytes by cache type (all reads)\n\n" + to_table(rows))
+    if result["log_events"]:
+        typer.echo("\nLog lines\n\n" + to_table(
+            [{k: e[k] for k in ("engine_id", "level", "kind", "message")} for e in result["log_events"]]
+        ))  # fmt: skip
+    findings = [
+        {"kind": f["kind"], "severity": f["severity"], "message": f["message"]} for f in result["findings"]
+    ]
+    typer.echo("\nFindings\n\n" + (to_table(findings) if findings else "none"))
+
+
 @app.command("simulate")
 def simulate_command(
     out: Annotated[str, typer.Option("--out", help="Folder to write the bundle and truth.json into.")],
