@@ -356,12 +356,20 @@ def explain_command(
         pairs.append(("critical path", f"{format_duration(result['critical_path_s'])}{vs}"))
     typer.echo(to_pairs(pairs))
     reads = [
-        {"rank": r["rank"], "from": f"{r['remote_engine_id']}:{r['remote_rank']}", "status": r["status"],
-         "post": format_duration(r["post_s"]), "xfer": format_duration(r["xfer_s"]), "descs": r["descriptors"],
-         "transported": r["transported_bytes"], "expected": r["expected_bytes"], "excess": r["excess_bytes"],
-         "GB/s": round(r["effective_gb_s"], 2) if r["effective_gb_s"] else None}
+        {
+            "rank": r["rank"],
+            "from": f"{r['remote_engine_id']}:{r['remote_rank']}",
+            "status": r["status"],
+            "post": format_duration(r["post_s"]),
+            "xfer": format_duration(r["xfer_s"]),
+            "descs": r["descriptors"],
+            "transported": r["transported_bytes"],
+            "expected": r["expected_bytes"],
+            "excess": r["excess_bytes"],
+            "GB/s": round(r["effective_gb_s"], 2) if r["effective_gb_s"] else None,
+        }
         for r in result["reads"]
-    ]  # fmt: skip
+    ]
     if reads:
         typer.echo("\nReads\n\n" + to_table(reads))
     types = result["bytes_by_cache_type"]
