@@ -25,7 +25,8 @@ def test_critical_path_is_the_slowest_read(con):
         WITH t AS (SELECT engine_id, request_id, max(xfer_s) AS x, arg_max(rank, xfer_s) AS slowest,
                           sum(transported_bytes) AS total
                    FROM transfers WHERE status = 'ok' GROUP BY ALL)
-        SELECT h.critical_path_s = t.x, h.slowest_rank = t.slowest, h.aggregate_bytes = t.total, h.prefill_source
+        SELECT h.critical_path_s = t.x, h.slowest_rank = t.slowest,
+               h.aggregate_bytes = t.total, h.prefill_source
         FROM handoffs h JOIN t USING (engine_id, request_id)
         """
     ).fetchall()
