@@ -1,7 +1,9 @@
-"""Install the SQL modules of ``queries/`` as DuckDB views, in dependency order.
+"""Install the SQL modules of ``queries/`` as DuckDB views.
 
 Each ``.sql`` file is one module of ``CREATE VIEW`` statements. Files whose names start
-with ``_`` hold private helpers and load first; the rest load in name order.
+with ``_`` hold private helpers and load first; the rest load in name order, and a
+module that refers to a view of a later one is retried once that one is in, so modules
+need not be named for their dependencies.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ def sql_modules() -> list[tuple[str, str]]:
 
 
 def install_views(con: duckdb.DuckDBPyConnection) -> None:
-    for name, text in sql_modules():
-        try:
-            con.execute(text)
-        except duckdb.Error as exc:
+    pending = sql_modules()
+    while pending:
+        failed: list[tuple[str, str, duckdb.Error]] = []
+        for name, text in pending:
+            try:
+                con.execute(text)
+            except duckdb.CatalogException as exc:  # refers to a view of a module not loaded yet
+                failed.append((name, text, exc))
+        if len(failed) == len(pending):
+            name, _, exc = failed[0]
             raise RuntimeError(f"queries/{name}: {exc}") from exc
+        pending = [(name, text) for name, text, _ in failed]

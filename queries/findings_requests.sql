@@ -129,17 +129,16 @@ FROM (
 GROUP BY engine_id, request_id;
 
 -- finding_recompute_cheaper: the handoff's critical path (its slowest read, post to
--- completion) took longer than prefilling the same missing prefix on the decoder.
+-- completion) took longer than prefilling the same missing prefix on the decoder: measured
+-- when the trace has prefill_s, else configured or estimated (the evidence says which).
 CREATE OR REPLACE VIEW finding_recompute_cheaper AS
 SELECT
-    'recompute_cheaper' AS kind, 'warning' AS severity, r.engine_id, CAST(NULL AS INTEGER) AS rank, r.request_id,
-    r.remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'the transfer took ' || round(x.critical_s * 1e3, 2) || ' ms; prefilling ' || r.missing_tokens
-        || ' tokens here took ' || round(r.prefill_s * 1e3, 2) || ' ms' AS message,
-    CAST(json_object('critical_path_s', x.critical_s, 'prefill_s', r.prefill_s, 'prefill', 'measured',
-        'missing_tokens', r.missing_tokens) AS VARCHAR) AS evidence
-FROM requests r
-JOIN (SELECT engine_id, request_id, max(xfer_s) AS critical_s FROM transfers GROUP BY ALL) x
-  USING (engine_id, request_id)
-WHERE coalesce(r.status, 'ok') = 'ok' AND r.prefill_s IS NOT NULL
-  AND x.critical_s > r.prefill_s * _t('recompute_margin');
+    'recompute_cheaper' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'the transfer took ' || round(critical_path_s * 1e3, 2) || ' ms; prefilling ' || missing_tokens
+        || ' tokens here takes ' || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
+    CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
+        'missing_tokens', missing_tokens, 'slowest_rank', slowest_rank) AS VARCHAR) AS evidence
+FROM handoffs
+WHERE coalesce(status, 'ok') = 'ok' AND prefill_s IS NOT NULL
+  AND critical_path_s > prefill_s * _t('recompute_margin');

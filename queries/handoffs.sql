@@ -26,8 +26,10 @@ HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOU
 --   critical_bytes      bytes of that read
 --   aggregate_bytes     bytes of all successful reads (capacity, not latency)
 --   prefill_s           R: measured destination prefill time when the trace has it, else
---                       missing_tokens / the engine's peak logged prompt throughput
---   prefill_source      'measured', 'estimated' or null (no way to know)
+--                       missing_tokens / the configured prefill rate (threshold
+--                       prefill_tokens_per_s, when set), else / the engine's peak logged
+--                       prompt throughput
+--   prefill_source      'measured', 'configured', 'estimated' or null (no way to know)
 --   transfer_minus_prefill_s   X − R (positive: recomputing would have been faster)
 CREATE OR REPLACE VIEW handoffs AS
 WITH reads AS (
@@ -44,10 +46,13 @@ SELECT
     r.engine_id, r.request_id, r.remote_engine_id, r.status,
     r.missing_tokens, r.transferred_tokens, r.reused_tokens, r.recomputed_tokens, r.boundary_tokens, r.state_blocks,
     x.reads, x.ranks, x.critical_path_s, x.slowest_rank, x.critical_bytes, x.aggregate_bytes,
-    coalesce(r.prefill_s, r.missing_tokens / p.tokens_per_s) AS prefill_s,
-    CASE WHEN r.prefill_s IS NOT NULL THEN 'measured' WHEN p.tokens_per_s IS NOT NULL THEN 'estimated' END
-        AS prefill_source,
-    x.critical_path_s - coalesce(r.prefill_s, r.missing_tokens / p.tokens_per_s) AS transfer_minus_prefill_s
+    coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0), r.missing_tokens / p.tokens_per_s)
+        AS prefill_s,
+    CASE WHEN r.prefill_s IS NOT NULL THEN 'measured'
+         WHEN _t('prefill_tokens_per_s') > 0 THEN 'configured'
+         WHEN p.tokens_per_s IS NOT NULL THEN 'estimated' END AS prefill_source,
+    x.critical_path_s - coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
+                                 r.missing_tokens / p.tokens_per_s) AS transfer_minus_prefill_s
 FROM requests r
 JOIN reads x USING (engine_id, request_id)
 LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id;
