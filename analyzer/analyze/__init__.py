@@ -56,13 +56,15 @@ def analyze(con: duckdb.DuckDBPyConnection, *, config: str | None = None) -> Ana
     inputs["transfers_accounted"] = con.sql("SELECT count(*) FROM transfer_bytes").fetchall()[0][0]
     findings: list[dict] = []
     by_kind: dict[str, int] = {}
-    for kind in KINDS:
-        relation = con.sql(f"SELECT * FROM finding_{kind}")
+    by_kind = dict.fromkeys(KINDS, 0)
+    # One view per kind, plus the native-metrics padding rule (engine/interval scope).
+    for view in [f"finding_{kind}" for kind in KINDS] + ["finding_native_padding"]:
+        relation = con.sql(f"SELECT * FROM {view}")
         columns = relation.columns
         rows = [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
         for row in rows:
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
-        by_kind[kind] = len(rows)
+            by_kind[row["kind"]] = by_kind.get(row["kind"], 0) + 1
         findings.extend(rows)
     findings.sort(
         key=lambda f: (
