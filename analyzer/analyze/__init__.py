@@ -14,19 +14,10 @@ import duckdb
 
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
+from hybridtrace.kinds import KINDS
 
-KINDS = (
-    "padding_leak",
-    "staging_copy",
-    "useless_boundary",
-    "slow_rank",
-    "descriptor_bound",
-    "kv_expired",
-    "transfer_failed",
-    "unsharded_state",
-    "config_mismatch",
-    "recompute_cheaper",
-)
+__all__ = ["KINDS", "Analysis", "analyze"]
+
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 _INPUT_TABLES = (
     "transfers",

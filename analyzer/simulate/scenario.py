@@ -5,21 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hybridtrace.errors import UsageError
+from hybridtrace.kinds import KINDS
 
 # Every finding kind of the contract can be injected; RATE is the share of requests (or,
 # for engine- and rank-scoped kinds, whether it happens at all).
-INJECTABLE = (
-    "padding_leak",
-    "staging_copy",
-    "useless_boundary",
-    "slow_rank",
-    "descriptor_bound",
-    "kv_expired",
-    "transfer_failed",
-    "unsharded_state",
-    "config_mismatch",
-    "recompute_cheaper",
-)
+INJECTABLE = KINDS
 DEFAULT_RATES = {
     "padding_leak": 0.1,
     "staging_copy": 0.05,
