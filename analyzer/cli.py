@@ -226,12 +226,12 @@ def query_command(
     con = st.connect()
     try:
         relation = con.sql(sql)
+        if relation is None:
+            return
+        columns = relation.columns
+        rows = [dict(zip(columns, r, strict=True)) for r in relation.fetchall()]
     except duckdb.Error as exc:
         raise UsageError(f"query failed: {exc}") from exc
-    if relation is None:
-        return
-    columns = relation.columns
-    rows = [dict(zip(columns, r, strict=True)) for r in relation.fetchall()]
     typer.echo(render_rows(rows, fmt, columns))
 
 
@@ -300,7 +300,8 @@ def _analysis_table(result: dict, limit: int) -> str:
             for name in ("logical", "expected", "reserved", "transported")
         )
         ratio = summary["transported_over_expected"]
-        pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {ratio:.4f}, ratio of sums)"))
+        shown = f"{ratio:.4f}" if ratio is not None else "-"
+        pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {shown}, ratio of sums)"))
     for name in summary["no_inputs"]:
         pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
     rows = [
@@ -430,6 +431,12 @@ def simulate_command(
 
     if era not in ("abort", "lease"):
         raise UsageError("--era must be abort or lease")
+    if requests is not None and requests < 1:
+        raise UsageError("--requests must be at least 1")
+    if rate <= 0:
+        raise UsageError("--rate must be positive")
+    if parse_duration(duration) <= 0:
+        raise UsageError("--duration must be positive")
     options = SimOptions(
         model=model,
         prefill_engines=prefill,

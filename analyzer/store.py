@@ -14,11 +14,12 @@ are removed by the next run, which then reads the same objects again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -49,6 +50,12 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    # The rename itself must reach the disk before anything that depends on it.
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _partition_dir(value: object) -> str:
@@ -82,6 +89,23 @@ class Store:
         if not meta.exists():
             return None
         return int(json.loads(meta.read_text())["schema_version"])
+
+    @contextlib.contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Hold the store's writer lock: one ingest at a time (a crashed one releases it)."""
+        import fcntl
+
+        handle = open(self.root / ".writer.lock", "a")  # noqa: SIM115 - closed below
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise UsageError(
+                    f"{self.root}: another ingest is writing to this store; try again when it ends"
+                ) from exc
+            yield
+        finally:
+            handle.close()
 
     def check_version(self) -> None:
         version = self.schema_version

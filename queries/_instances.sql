@@ -8,10 +8,13 @@
 -- Columns:
 --   instance    folder name holding the objects
 --   engine_id   the NIXL engine id a log in that folder reported (one per folder)
+-- A log read before its `Initializing NIXL worker` line falls back to the folder name;
+-- a real id from another read of the folder wins over that fallback.
 CREATE OR REPLACE VIEW _instance_engines AS
-SELECT
-    regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS instance,
-    max(engine_id) AS engine_id
-FROM sources
-WHERE format = 'vllm_log' AND engine_id IS NOT NULL
-GROUP BY 1;
+SELECT instance, coalesce(max(engine_id) FILTER (WHERE engine_id <> instance), instance) AS engine_id
+FROM (
+    SELECT regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS instance, engine_id
+    FROM sources
+    WHERE format = 'vllm_log' AND engine_id IS NOT NULL
+)
+GROUP BY instance;

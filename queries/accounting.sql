@@ -53,7 +53,9 @@ counted AS (
         *,
         b * tokens // share AS logical_attention_bytes,
         s * state_blocks // share AS logical_state_bytes,
-        (tokens + block - 1) // block * block * b // share AS expected_attention_bytes,
+        -- a model without attention layers (B = 0, no block size) moves no attention bytes
+        CASE WHEN b = 0 OR block IS NULL THEN 0
+             ELSE (tokens + block - 1) // block * block * b // share END AS expected_attention_bytes,
         coalesce(padded_state, s) * state_blocks // share AS reserved_state_bytes,
         CASE WHEN json_extract_string(groups, '$[0].kind') = 'attention'
              THEN CAST(json_extract(groups, '$[0].bytes') AS BIGINT) END AS attention_transported_bytes,

@@ -55,7 +55,7 @@ DATA_TABLES = (
     "prom_samples",
     "rejects",
 )
-DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples")
+DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples", "rejects")
 
 
 @dataclass
@@ -104,6 +104,16 @@ def _fingerprint(path: Path, size: int) -> str:
     return hashlib.sha256(head).hexdigest()[:32]
 
 
+def _finishes_counted_line(path: Path, offset: int) -> bool:
+    """True when the last read took an unterminated line and the byte at ``offset`` ends it."""
+    if offset < 1:
+        return False
+    with open(path, "rb") as handle:
+        handle.seek(offset - 1)
+        before, at = handle.read(1), handle.read(1)
+    return before != b"\n" and at == b"\n"
+
+
 def _source_id(uri: str, size: int, mtime: float, start: int) -> str:
     return hashlib.sha256(f"{uri}\0{size}\0{mtime}\0{start}".encode()).hexdigest()[:32]
 
@@ -141,12 +151,12 @@ def _seekable_line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes
         if cut < 0 or len(data) < CHUNK_BYTES:
             break  # one long line, or the end of the file: finish the simple way
         handle.seek(cut + 1 - len(data), os.SEEK_CUR)
-        yield _Lines(data[:cut]), cut + 1, b""
+        yield _Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, b""
     pending = data
     while True:
         cut = pending.rfind(b"\n")
         if cut >= 0:
-            yield _Lines(pending[:cut]), cut + 1, pending[cut + 1 :]
+            yield _Lines(pending[:cut], pending.count(b"\n", 0, cut) + 1), cut + 1, pending[cut + 1 :]
             pending = pending[cut + 1 :]
         block = handle.read(CHUNK_BYTES)
         if not block:
@@ -190,7 +200,7 @@ def _line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
             pending = data
             continue
         pending = data[cut + 1 :]
-        yield _Lines(data[:cut]), cut + 1, pending
+        yield _Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, pending
     yield _Lines(b"", 0), 0, pending
 
 
@@ -293,7 +303,8 @@ class _Ingest:
         geometry_from_config(config, name)  # refuse a config we cannot size, now
         text = json.dumps(config, sort_keys=True)
         uri = f"model:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        row = self._source_row(uri, len(text), 0.0, "", 0, 1, "model_config")
+        # Named per run, so choosing a config used before makes it the latest choice again.
+        row = self._source_row(uri, len(text), time.time(), "", 0, 1, "model_config")
         row.update(end_offset=len(text), rows=json.dumps({"models": 1}))
         self.batch.sources.append(row)
         table = pa.table({"model": [name], "architecture": [(config.get("architectures") or [None])[0]],
@@ -315,7 +326,9 @@ class _Ingest:
         compressed = _is_gzip(path)
         fingerprint = _fingerprint(path, size)
         start, first_line, fmt, engine_id = 0, 1, None, None
-        if last and last["end_offset"]:
+        # A read that found nothing it knows (a launcher banner before the first vLLM line)
+        # is not resumed: the whole object is looked at again.
+        if last and last["end_offset"] and last["format"] not in ("unknown", "empty", None):
             same_object = last["size_bytes"] == size and last["mtime"] == mtime
             grown = (
                 not compressed
@@ -324,6 +337,8 @@ class _Ingest:
             )
             if (same_object and last["status"] == "partial") or grown:
                 start, first_line = last["end_offset"], last["end_line"] + 1
+                if grown and _finishes_counted_line(path, start):
+                    start += 1  # the newline that ended the last line read (it had none then)
                 fmt, engine_id = last["format"], last["engine_id"]
         try:
             handle = _open_at(path, start, compressed)
@@ -653,24 +668,29 @@ def ingest(
     except Exception as exc:
         raise UsageError(f"--tz: unknown time zone {tz!r}") from exc
     started = time.monotonic()
+    if model is not None:
+        from hybridtrace.model import geometry_from_config, load_config
+
+        geometry_from_config(*load_config(model))  # a bad --model fails before the store is touched
+    objects = list(_walk(paths))  # a listing only: nothing is read yet
     store = Store(store_root)
     store.init()
-    recovered = store.recover()
-    run = _Ingest(store, IngestOptions(year=year, tz=tz, progress=progress))
-    run.summary.recovered_files = recovered
-    if model is not None:
-        run.explicit_model(model)
-    objects = list(_walk(paths))  # a listing only: nothing is read yet
-    run.progress = _Progress(progress, sum(p.stat().st_size for p in objects))
-    try:
-        for path in objects:
-            run.object(path)
-        run.maybe_commit(force=True)
-    finally:
+    with store.writer_lock():
+        recovered = store.recover()
+        run = _Ingest(store, IngestOptions(year=year, tz=tz, progress=progress))
+        run.summary.recovered_files = recovered
+        if model is not None:
+            run.explicit_model(model)
+        run.progress = _Progress(progress, sum(p.stat().st_size for p in objects))
         try:
-            run.wait()
+            for path in objects:
+                run.object(path)
+            run.maybe_commit(force=True)
         finally:
-            run.writer.shutdown(wait=True)
+            try:
+                run.wait()
+            finally:
+                run.writer.shutdown(wait=True)
     run.progress.update(run.summary, run.done_bytes, force=True)
     run.progress.close()
     run.summary.seconds = time.monotonic() - started

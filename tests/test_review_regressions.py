@@ -1,0 +1,124 @@
+"""Regressions for defects found in review: each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from loggen import vllm_line
+from tracegen import engine_record, transfer_records, write_jsonl
+
+from hybridtrace.analyze import analyze
+from hybridtrace.errors import HybridtraceError, UsageError
+from hybridtrace.ingest.run import ingest
+from hybridtrace.simulate import SimOptions, simulate
+from hybridtrace.store import Store
+
+
+def old(path: Path) -> None:
+    stamp = time.time() - 3600  # quiet: its last line is complete even without a newline
+    os.utime(path, (stamp, stamp))
+
+
+def test_pure_mamba_models_are_accounted(tmp_path):
+    simulate(
+        SimOptions(model="mamba-codestral-7b", requests=60, inject={"unsharded_state": 0.5}), tmp_path / "b"
+    )
+    ingest([tmp_path / "b"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    assert con.sql("SELECT count(*) FROM transfer_bytes WHERE expected_bytes IS NULL").fetchall()[0][0] == 0
+    truth = json.loads((tmp_path / "b" / "truth.json").read_text())
+    found = analyze(con).summary
+    assert found["findings_by_kind"]["unsharded_state"] == truth["summary"]["injected"]["unsharded_state"]
+    assert found["transported_over_expected"] is not None
+
+
+def test_a_banner_before_the_first_vllm_line_is_looked_at_again(tmp_path):
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("starting the server\nloading...\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(vllm_line("after the banner", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    rows = Store(tmp_path / "s").connect().sql("SELECT line_number, message FROM log_events").fetchall()
+    assert rows == [(3, "after the banner")]
+
+
+def test_an_unterminated_last_line_then_growth_keeps_line_numbers(tmp_path):
+    trace = tmp_path / "in" / "t.jsonl"
+    records = [json.dumps(r) for r in transfer_records(3)]  # 9 lines: 6 transfers, 3 requests
+    trace.parent.mkdir(parents=True)
+    trace.write_text("\n".join(records[:3]))  # line 3 has no newline yet
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(trace, "a") as handle:
+        handle.write("\n" + "\n".join(records[3:5]) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    numbers = sorted(r[0] for r in con.sql("SELECT line_number FROM transfers UNION ALL "
+                                            "SELECT line_number FROM requests").fetchall())  # fmt: skip
+    assert numbers == [1, 2, 3, 4, 5]
+
+
+def test_a_chunk_starting_with_a_blank_line_counts_it(tmp_path):
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n" + vllm_line("second line", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert Store(tmp_path / "s").connect().sql("SELECT line_number FROM log_events").fetchall() == [(2,)]
+
+
+def test_choosing_a_model_again_makes_it_current(tmp_path):
+    write_jsonl(
+        tmp_path / "in" / "trace.jsonl", [engine_record("decode-0", "decode", 2), *transfer_records(1)]
+    )
+    for model in ("nemotron-nano-12b-v2", "zamba2-7b", "nemotron-nano-12b-v2"):
+        ingest([tmp_path / "in"], tmp_path / "s", model=model)
+    con = Store(tmp_path / "s").connect()
+    latest = "SELECT model FROM models WHERE applies_to = '*' ORDER BY ingested_at DESC LIMIT 1"
+    assert con.sql(latest).fetchall() == [("nvidia/NVIDIA-Nemotron-Nano-12B-v2",)]
+    assert con.sql("SELECT model FROM engine_models").fetchall() == [("nvidia/NVIDIA-Nemotron-Nano-12B-v2",)]
+
+
+def test_rejects_are_not_repeated_when_a_file_is_read_again(tmp_path):
+    trace = tmp_path / "in" / "t.jsonl"
+    trace.parent.mkdir(parents=True)
+    trace.write_text(json.dumps(transfer_records(1)[0]) + "\nnot json\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    os.utime(trace, (time.time() + 5, time.time() + 5))  # touched: read again whole
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert Store(tmp_path / "s").connect().sql("SELECT count(*) FROM rejects").fetchall() == [(1,)]
+
+
+def test_one_writer_at_a_time(tmp_path):
+    store = Store(tmp_path / "s")
+    store.init()
+    with store.writer_lock(), pytest.raises(UsageError, match="another ingest"):
+        ingest([tmp_path], tmp_path / "s")
+
+
+def test_bad_model_leaves_no_store_behind(tmp_path):
+    (tmp_path / "in").mkdir()
+    with pytest.raises(HybridtraceError, match="not a built-in model"):
+        ingest([tmp_path / "in"], tmp_path / "s", model="no-such-model")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("simulate", "--out", "OUT", "--requests", "0"), ("simulate", "--out", "OUT", "--rate", "0"),
+     ("query", "select error('boom')", "--store", "STORE")],
+)  # fmt: skip
+def test_clear_errors_not_tracebacks(tmp_path, args):
+    store = Store(tmp_path / "st")
+    store.init()
+    args = [a.replace("OUT", str(tmp_path / "o")).replace("STORE", str(tmp_path / "st")) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridtrace", *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "error" in result.stderr
