@@ -304,6 +304,8 @@ def _analysis_table(result: dict, limit: int) -> str:
         pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {shown}, ratio of sums)"))
     for name in summary["no_inputs"]:
         pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
+    if summary["rules_without_inputs"]:
+        pairs.append(("rules with no input", ", ".join(summary["rules_without_inputs"])))
     rows = [
         {"severity": f["severity"], "kind": f["kind"], "engine": f["engine_id"], "rank": f["rank"],
          "request": f["request_id"] or f["remote_engine_id"], "message": f["message"]}
