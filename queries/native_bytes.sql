@@ -12,7 +12,17 @@
 -- means something else moved (staging copies, unsharded state, other models).
 -- It assumes decode and prefill engines of equal TP (one read per rank and request).
 
+-- _block_offset(x, p): how far x is from the nearest multiple of p (x may be negative).
+CREATE OR REPLACE MACRO _block_offset(x, p) AS
+    least(fmod(fmod(x, p) + p, p), p - fmod(fmod(x, p) + p, p));
+
 -- interval_bytes: the verdict of every interval of an engine the byte model can size.
+--
+-- The question is first all or nothing (every read padded, or none). When neither fits,
+-- the view asks how many of the n reads could have sent padded state: m reads add
+-- m·(S_padded − S), so it keeps the m in 1..n−1 for which total − n·S − m·(S_padded − S)
+-- is a multiple of P. One value explains the interval; several mean the data cannot tell
+-- them apart; none means something else moved.
 --
 -- Columns:
 --   engine_id, source_kind, start_ts, end_ts, transfers     the interval
@@ -22,11 +32,16 @@
 --   state_bytes        S; padded_state_bytes: S as padded pages
 --   clean_off_bytes    distance of total − n·S from the nearest multiple of P
 --   padded_off_bytes   distance of total − n·S_padded from the nearest multiple of P
---   verdict            'unpadded', 'padded', 'undecidable' or 'unexplained'
+--   padded_reads       reads that sent padded state: 0, n, the one partial m that fits, or
+--                      null when the data cannot say
+--   fitting_counts     how many partial values of m fit when all-or-nothing does not
+--   verdict            'unpadded', 'padded' (every read), 'partly padded', 'undecidable'
+--                      or 'unexplained'
 CREATE OR REPLACE VIEW interval_bytes AS
 WITH sized AS (
     SELECT i.engine_id, i.source_kind, i.start_ts, i.end_ts, i.transfers,
-           coalesce(CAST(i.transported_bytes AS DOUBLE), i.avg_mib_per_transfer * 1048576.0 * i.transfers) AS total_bytes,
+           coalesce(CAST(i.transported_bytes AS DOUBLE), i.avg_mib_per_transfer * 1048576.0 * i.transfers)
+               AS total_bytes,
            CASE WHEN i.transported_bytes IS NOT NULL THEN 0.0 ELSE i.transfers * 0.0005 * 1048576.0 + 1 END
                AS tolerance_bytes,
            m.block_tokens * m.attention_bytes_per_token AS block_bytes,
@@ -36,20 +51,38 @@ WITH sized AS (
     JOIN engine_models m ON m.engine_id = i.engine_id AND m.error IS NULL
     WHERE i.transfers > 0 AND m.block_tokens IS NOT NULL AND m.state_bytes > 0
 ),
-offsets AS (
-    SELECT *,
-           least(fmod(total_bytes - transfers * state_bytes, block_bytes),
-                 block_bytes - fmod(total_bytes - transfers * state_bytes, block_bytes)) AS clean_off_bytes,
-           least(fmod(total_bytes - transfers * padded_state_bytes, block_bytes),
-                 block_bytes - fmod(total_bytes - transfers * padded_state_bytes, block_bytes)) AS padded_off_bytes
-    FROM sized
+fits AS (
+    SELECT engine_id, source_kind, start_ts, end_ts,
+           list(m ORDER BY m) FILTER (
+               WHERE _block_offset(total_bytes - transfers * state_bytes - m * (padded_state_bytes - state_bytes),
+                                   block_bytes) <= tolerance_bytes
+           ) AS fitting
+    FROM (SELECT *, unnest(range(1, transfers)) AS m FROM sized)
+    GROUP BY engine_id, source_kind, start_ts, end_ts
 )
 SELECT *,
-       CASE WHEN clean_off_bytes <= tolerance_bytes AND padded_off_bytes <= tolerance_bytes THEN 'undecidable'
-            WHEN clean_off_bytes <= tolerance_bytes THEN 'unpadded'
-            WHEN padded_off_bytes <= tolerance_bytes THEN 'padded'
+       CASE WHEN clean_fit AND padded_fit THEN NULL
+            WHEN clean_fit THEN 0
+            WHEN padded_fit THEN transfers
+            WHEN fitting_counts = 1 THEN fitting[1] END AS padded_reads,
+       CASE WHEN clean_fit AND padded_fit THEN 'undecidable'
+            WHEN clean_fit THEN 'unpadded'
+            WHEN padded_fit THEN 'padded'
+            WHEN fitting_counts = 1 THEN 'partly padded'
+            WHEN fitting_counts > 1 THEN 'undecidable'
             ELSE 'unexplained' END AS verdict
-FROM offsets;
+FROM (
+    SELECT s.*,
+           _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) AS clean_off_bytes,
+           _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes) AS padded_off_bytes,
+           _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) <= s.tolerance_bytes AS clean_fit,
+           _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes) <= s.tolerance_bytes
+               AS padded_fit,
+           coalesce(f.fitting, []) AS fitting,
+           coalesce(len(f.fitting), 0) AS fitting_counts
+    FROM sized s
+    LEFT JOIN fits f USING (engine_id, source_kind, start_ts, end_ts)
+);
 
 -- finding_native_padding: padding judged per engine from native metrics, for engines the
 -- connector trace does not cover (the trace's per-read accounting is finer). One finding
@@ -57,18 +90,19 @@ FROM offsets;
 -- finding saying the question cannot be decided when block rounding hides it.
 CREATE OR REPLACE VIEW finding_native_padding AS
 SELECT
-    CASE WHEN count(*) FILTER (WHERE verdict = 'padded') > 0 THEN 'padding_leak' ELSE 'padding_undecidable' END
-        AS kind,
-    CASE WHEN count(*) FILTER (WHERE verdict = 'padded') > 0 THEN 'warning' ELSE 'info' END AS severity,
+    CASE WHEN sum(padded_reads) > 0 THEN 'padding_leak' ELSE 'padding_undecidable' END AS kind,
+    CASE WHEN sum(padded_reads) > 0 THEN 'warning' ELSE 'info' END AS severity,
     engine_id, CAST(NULL AS INTEGER) AS rank, CAST(NULL AS VARCHAR) AS request_id,
     CAST(NULL AS VARCHAR) AS remote_engine_id, min(start_ts) AS start_ts, max(end_ts) AS end_ts,
-    CASE WHEN count(*) FILTER (WHERE verdict = 'padded') > 0
-         THEN count(*) FILTER (WHERE verdict = 'padded') || ' of ' || count(*) || ' ' || source_kind
-              || ' intervals show the recurrent state crossing as padded pages'
+    CASE WHEN sum(padded_reads) > 0
+         THEN sum(padded_reads) || ' of ' || sum(transfers) || ' reads in ' || source_kind
+              || ' intervals sent the recurrent state as padded pages'
          ELSE 'block rounding hides padding in these ' || source_kind
               || ' intervals: this data cannot tell whether the state crossed padded' END AS message,
     CAST(json_object('source', source_kind, 'intervals', count(*),
         'padded', count(*) FILTER (WHERE verdict = 'padded'),
+        'partly_padded', count(*) FILTER (WHERE verdict = 'partly padded'),
+        'padded_reads', sum(padded_reads), 'reads', sum(transfers),
         'unpadded', count(*) FILTER (WHERE verdict = 'unpadded'),
         'undecidable', count(*) FILTER (WHERE verdict = 'undecidable'),
         'unexplained', count(*) FILTER (WHERE verdict = 'unexplained'),
@@ -77,5 +111,5 @@ SELECT
 FROM interval_bytes
 WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
 GROUP BY engine_id, source_kind
-HAVING count(*) FILTER (WHERE verdict = 'padded') > 0
+HAVING sum(padded_reads) > 0
     OR count(*) FILTER (WHERE verdict = 'undecidable') = count(*);

@@ -50,3 +50,26 @@ def test_undecidable_when_the_padding_is_a_whole_number_of_blocks(tmp_path):
     assert found and all(
         k == "padding_undecidable" and s == "info" and "cannot tell" in m for k, s, m in found
     )
+
+
+def test_partly_padded_intervals_count_the_padded_reads(tmp_path):
+    options = SimOptions(seed=53, duration_s=60, inject={"padding_leak": 0.3})
+    full = tmp_path / "full"
+    simulate(options, full / "b")
+    ingest([full / "b"], full / "s")
+    traced = Store(full / "s").connect()
+    con = native_only(tmp_path / "native", options)
+    scrapes = con.sql(
+        "SELECT start_ts, end_ts, verdict, padded_reads FROM interval_bytes WHERE source_kind = 'prometheus'"
+    ).fetchall()
+    assert scrapes
+    for start, end, verdict, padded in scrapes:
+        # Prometheus totals are exact: each scrape says how many reads sent padded state.
+        leaked = traced.sql(
+            "SELECT count(*) FROM transfer_bytes b JOIN transfers t USING (engine_id, request_id, rank, ts) "
+            "WHERE b.status = 'ok' AND b.excess_bytes > 0 AND t.ts + t.xfer_s > ? AND t.ts + t.xfer_s <= ?",
+            params=[start, end],
+        ).fetchall()[0][0]
+        assert verdict in ("partly padded", "padded", "unpadded") and padded == leaked
+    finding = analyze(con).summary["findings_by_kind"]
+    assert finding["padding_leak"] >= 1
