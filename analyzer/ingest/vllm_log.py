@@ -296,6 +296,13 @@ def _event_base(frame: pl.DataFrame, kind: str) -> list[pl.Expr]:
     ]
 
 
+def _matching(events: pl.DataFrame, pattern: str, required: str) -> pl.DataFrame:
+    """Events whose message matches ``pattern``, its groups in struct column ``x``."""
+    return events.with_columns(pl.col("message").str.extract_groups(pattern).alias("x")).filter(
+        pl.col("x").struct.field(required).is_not_null()
+    )
+
+
 def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
     """Parse the frequent kinds (interval lines, throughput lines, expiries) in bulk.
 
@@ -303,10 +310,7 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
     """
     if events.height == 0:
         return events
-    message = pl.col("message")
-    kv = events.with_columns(message.str.extract_groups(_KV_LINE).alias("x")).filter(
-        pl.col("x").struct.field("transfers").is_not_null()
-    )
+    kv = _matching(events, _KV_LINE, "transfers")
     if kv.height:
         x = pl.col("x").struct
         for row in kv.select(
@@ -323,9 +327,7 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
             x.field("desc").cast(pl.Float64).alias("avg_descriptors"),
         ).iter_rows(named=True):
             result.intervals.append(row)
-    stats = events.with_columns(message.str.extract_groups(_STATS_LINE).alias("x")).filter(
-        pl.col("x").struct.field("engine").is_not_null()
-    )
+    stats = _matching(events, _STATS_LINE, "engine")
     if stats.height:
         x = pl.col("x").struct
         details = pl.struct(
@@ -346,9 +348,7 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
                 details.alias("details"),
             )
         )
-    expired = events.with_columns(message.str.extract_groups(_EXPIRED_LINE).alias("x")).filter(
-        pl.col("x").struct.field("request").is_not_null()
-    )
+    expired = _matching(events, _EXPIRED_LINE, "request")
     if expired.height:
         x = pl.col("x").struct
         details = pl.struct(

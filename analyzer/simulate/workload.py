@@ -143,6 +143,12 @@ def blocks(plan: Plan, size: int = 100_000) -> Iterator[Block]:
             return
 
 
+def _request_id(prefix: str, suffix: str) -> pl.Expr:
+    """vLLM-style ids: request number, then a random suffix (prefill and decode ids differ)."""
+    number = pl.col("n").cast(pl.String).str.zfill(7)
+    return pl.format("{}{}-0-{}", pl.lit(prefix), number, pl.col(suffix).cast(pl.String).str.zfill(10))
+
+
 def _requests(plan: Plan, offset: int, count: int, previous_arrival: float) -> pl.DataFrame:
     options = plan.options
     seed = options.seed
@@ -223,18 +229,8 @@ def _requests(plan: Plan, offset: int, count: int, previous_arrival: float) -> p
     half = pl.col("missing_tokens") // 2
     return frame.with_columns(
         (pl.col("arrival") + 0.02).round(6).alias("ts"),
-        pl.format(
-            "{}{}-0-{}",
-            pl.lit(prefix),
-            pl.col("n").cast(pl.String).str.zfill(7),
-            pl.col("rid_a").cast(pl.String).str.zfill(10),
-        ).alias("request_id"),
-        pl.format(
-            "{}{}-0-{}",
-            pl.lit(prefix),
-            pl.col("n").cast(pl.String).str.zfill(7),
-            pl.col("rid_b").cast(pl.String).str.zfill(10),
-        ).alias("remote_request_id"),
+        _request_id(prefix, "rid_a").alias("request_id"),
+        _request_id(prefix, "rid_b").alias("remote_request_id"),
         pl.col("missing_tokens").alias("transferred_tokens"),
         pl.when(useless).then(half).otherwise(pl.col("missing_tokens")).alias("reused_tokens"),
         pl.when(useless).then(pl.col("missing_tokens") - half + 1).otherwise(1).alias("recomputed_tokens"),
