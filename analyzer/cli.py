@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,9 @@ from hybridtrace.model import (
     worksheet,
 )
 from hybridtrace.output import OutputFormat, to_json, to_pairs, to_table
+
+if TYPE_CHECKING:
+    from hybridtrace.analyze import Analysis
 from hybridtrace.units import (
     format_bytes,
     format_duration,
@@ -276,23 +279,23 @@ def analyze_command(
         columns += ["start_ts", "end_ts", "message", "evidence"]
         typer.echo(to_csv(result.findings, columns).rstrip("\n"))
     else:
-        typer.echo(_analysis_table(result.as_dict(), limit))
+        typer.echo(_analysis_table(result, limit))
     empty = result.summary["no_inputs"]
     if strict and ("transfers" in empty and "intervals" in empty):
         typer.echo(
             "hybridtrace: error: nothing to analyze: no transfers and no intervals in the store", err=True
         )
         raise typer.Exit(2)
-    if kinds and any(f["kind"] in kinds for f in result.findings):
+    if kinds and any(result.summary["findings_by_kind"].get(kind) for kind in kinds):
         raise typer.Exit(1)
 
 
-def _analysis_table(result: dict, limit: int) -> str:
-    summary, inputs = result["summary"], result["inputs"]
+def _analysis_table(result: Analysis, limit: int) -> str:
+    summary, inputs = result.summary, result.inputs
     counts = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items() if v) or "none"
     pairs = [
         ("inputs", ", ".join(f"{k} {v:,}" for k, v in inputs.items())),
-        ("findings", f"{len(result['findings'])}: {counts}"),
+        ("findings", f"{len(result)}: {counts}"),
     ]
     if summary["transported_bytes"] is not None:
         sizes = ", ".join(
@@ -309,13 +312,13 @@ def _analysis_table(result: dict, limit: int) -> str:
     rows = [
         {"severity": f["severity"], "kind": f["kind"], "engine": f["engine_id"], "rank": f["rank"],
          "request": f["request_id"] or f["remote_engine_id"], "message": f["message"]}
-        for f in result["findings"][:limit]
+        for f in result.rows(limit)
     ]  # fmt: skip
     out = to_pairs(pairs)
     if rows:
         out += "\n\n" + to_table(rows, right_align=["rank"])
-        if len(result["findings"]) > limit:
-            out += f"\n... {len(result['findings']) - limit} more (--limit, or --format json for all)"
+        if len(result) > limit:
+            out += f"\n... {len(result) - limit} more (--limit, or --format json for all)"
     return out
 
 

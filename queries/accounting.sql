@@ -11,6 +11,14 @@
 -- Divisions are integer (a read moves whole bytes). expected − logical is block rounding
 -- (not a leak); transported − expected is what a correct connector would not have moved.
 
+-- _group_bytes(groups, state): a read's bytes of its recurrent-state (mamba) groups, or of
+-- every other group (attention), from the groups JSON text; null without groups.
+CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
+    CASE WHEN len(json_transform(groups, '[{"kind": "VARCHAR", "bytes": "BIGINT"}]')) > 0
+         THEN coalesce(list_sum([
+             x.bytes FOR x IN json_transform(groups, '[{"kind": "VARCHAR", "bytes": "BIGINT"}]')
+             IF (x.kind = 'mamba') = state]), 0) END;
+
 -- _read_share: how many reads each decode rank made for each request.
 CREATE OR REPLACE VIEW _read_share AS
 SELECT engine_id, request_id, rank, count(*) AS share
@@ -26,7 +34,8 @@ GROUP BY ALL;
 --   logical_attention_bytes, logical_state_bytes                             logical by cache type
 --   expected_attention_bytes, expected_state_bytes                           expected by cache type
 --   reserved_state_bytes                                                     padded state pages
---   attention_transported_bytes, state_transported_bytes                     from the read's groups; null without
+--   attention_transported_bytes, state_transported_bytes   the read's bytes by cache type (summed over its
+--                                                          groups: mamba groups are state); null without groups
 --   block_rounding_bytes   expected − logical
 --   excess_bytes           transported − expected (positive: more than a correct connector moves)
 --   padding_gap_bytes      reserved − expected: what sending padded state pages would add
@@ -42,6 +51,8 @@ WITH base AS (
         m.block_tokens AS block,
         m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
         t.transported_bytes,
+        t.attention_transported_bytes AS attention_group_bytes,
+        t.state_transported_bytes AS state_group_bytes,
         t.groups
     FROM transfers t
     JOIN requests r USING (engine_id, request_id)
@@ -57,10 +68,11 @@ counted AS (
         CASE WHEN b = 0 OR block IS NULL THEN 0
              ELSE (tokens + block - 1) // block * block * b // share END AS expected_attention_bytes,
         coalesce(padded_state, s) * state_blocks // share AS reserved_state_bytes,
-        CASE WHEN json_extract_string(groups, '$[0].kind') = 'attention'
-             THEN CAST(json_extract(groups, '$[0].bytes') AS BIGINT) END AS attention_transported_bytes,
-        CASE WHEN json_extract_string(groups, '$[1].kind') = 'mamba'
-             THEN CAST(json_extract(groups, '$[1].bytes') AS BIGINT) END AS state_transported_bytes
+        -- ingest sums the groups by cache type; stores written before it did are summed here
+        CASE WHEN attention_group_bytes IS NOT NULL OR groups IS NULL THEN attention_group_bytes
+             ELSE _group_bytes(groups, false) END AS attention_transported_bytes,
+        CASE WHEN state_group_bytes IS NOT NULL OR groups IS NULL THEN state_group_bytes
+             ELSE _group_bytes(groups, true) END AS state_transported_bytes
     FROM base
 )
 SELECT

@@ -113,3 +113,91 @@ WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
 GROUP BY engine_id, source_kind
 HAVING sum(padded_reads) > 0
     OR count(*) FILTER (WHERE verdict = 'undecidable') = count(*);
+
+-- finding_native_unexplained: intervals whose bytes no reading of the engine's byte model
+-- explains (neither whole blocks plus unpadded state, nor plus padded state, nor a mix).
+-- For engines the connector trace does not cover. The usual cause is a wrong byte model
+-- (config, TP size or dtypes attached to the engine), or traffic other than KV reads
+-- counted by the transport; one finding per engine and source kind.
+CREATE OR REPLACE VIEW finding_native_unexplained AS
+SELECT
+    'native_unexplained' AS kind, 'warning' AS severity,
+    engine_id, CAST(NULL AS INTEGER) AS rank, CAST(NULL AS VARCHAR) AS request_id,
+    CAST(NULL AS VARCHAR) AS remote_engine_id, min(start_ts) AS start_ts, max(end_ts) AS end_ts,
+    count(*) FILTER (WHERE verdict = 'unexplained') || ' of ' || count(*) || ' ' || source_kind
+        || ' intervals moved bytes the byte model cannot explain: check the model, TP and dtypes attached'
+        AS message,
+    CAST(json_object('source', source_kind, 'intervals', count(*),
+        'unexplained', count(*) FILTER (WHERE verdict = 'unexplained'),
+        'reads', sum(transfers) FILTER (WHERE verdict = 'unexplained'),
+        'block_bytes', any_value(block_bytes), 'state_bytes', any_value(state_bytes),
+        'padded_state_bytes', any_value(padded_state_bytes)) AS VARCHAR) AS evidence
+FROM interval_bytes
+WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
+GROUP BY engine_id, source_kind
+HAVING count(*) FILTER (WHERE verdict = 'unexplained') > 0;
+
+-- _counted_events: failures and expiries vLLM's NIXL metrics counted, per engine.
+-- Log intervals and Prometheus deltas count the same events, so the larger of the two
+-- sums is kept, not their total.
+CREATE OR REPLACE VIEW _counted_events AS
+SELECT engine_id,
+       max(failed) AS failed_counted, arg_max(source_kind, failed) AS failed_source,
+       max(expired) AS expired_counted, arg_max(source_kind, expired) AS expired_source,
+       min(start_ts) AS start_ts, max(end_ts) AS end_ts
+FROM (
+    SELECT engine_id, source_kind,
+           coalesce(sum(failed_transfers), 0) AS failed, coalesce(sum(expired_requests), 0) AS expired,
+           min(coalesce(start_ts, end_ts)) AS start_ts, max(end_ts) AS end_ts
+    FROM intervals
+    GROUP BY engine_id, source_kind
+)
+GROUP BY engine_id;
+
+-- _named_events: failures and expiries a trace record or a log line names, per engine.
+-- Failures are counted per read on the decode side; expiries per request on the prefill
+-- side (the trace's expired requests count for their prefill engine).
+CREATE OR REPLACE VIEW _named_events AS
+SELECT engine_id,
+       greatest(coalesce(max(failed_trace), 0), coalesce(max(failed_log), 0)) AS failed_named,
+       greatest(coalesce(max(expired_trace), 0), coalesce(max(expired_log), 0)) AS expired_named
+FROM (
+    SELECT engine_id, count(*) AS failed_trace, NULL AS failed_log, NULL AS expired_trace, NULL AS expired_log
+    FROM transfers WHERE status = 'failed' GROUP BY engine_id
+    UNION ALL
+    SELECT engine_id, NULL, count(*), NULL, NULL
+    FROM log_events WHERE kind = 'transfer_failed' GROUP BY engine_id
+    UNION ALL
+    SELECT remote_engine_id, NULL, NULL, count(*), NULL
+    FROM requests WHERE status = 'expired' GROUP BY remote_engine_id
+    UNION ALL
+    SELECT engine_id, NULL, NULL, NULL, count(DISTINCT request_id)
+    FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined') GROUP BY engine_id
+)
+GROUP BY engine_id;
+
+-- finding_native_counters: failures or expiries the counters saw that no trace record or
+-- log line names (native metrics only, or lines lost): one engine-scope finding per kind.
+-- The per-request findings cover what is named; this covers the rest, so nothing counted
+-- goes unreported. vLLM counts a completed read as failed when NIXL telemetry itself
+-- errors (nixl issue 2266): the message says to check that first for failures.
+CREATE OR REPLACE VIEW finding_native_counters AS
+SELECT
+    'transfer_failed' AS kind, 'error' AS severity, c.engine_id, CAST(NULL AS INTEGER) AS rank,
+    CAST(NULL AS VARCHAR) AS request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, c.start_ts, c.end_ts,
+    c.failed_counted || ' failed transfers counted by the ' || c.failed_source || ' metrics, '
+        || coalesce(n.failed_named, 0) || ' named by trace or log lines' AS message,
+    CAST(json_object('source', c.failed_source, 'counted', c.failed_counted,
+        'named', coalesce(n.failed_named, 0)) AS VARCHAR) AS evidence
+FROM _counted_events c LEFT JOIN _named_events n USING (engine_id)
+WHERE c.failed_counted > coalesce(n.failed_named, 0)
+UNION ALL
+SELECT
+    'kv_expired', 'error', c.engine_id, CAST(NULL AS INTEGER), CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR),
+    c.start_ts, c.end_ts,
+    c.expired_counted || ' requests expired by the ' || c.expired_source || ' metrics, '
+        || coalesce(n.expired_named, 0) || ' named by trace or log lines',
+    CAST(json_object('source', c.expired_source, 'counted', c.expired_counted,
+        'named', coalesce(n.expired_named, 0)) AS VARCHAR)
+FROM _counted_events c LEFT JOIN _named_events n USING (engine_id)
+WHERE c.expired_counted > coalesce(n.expired_named, 0);

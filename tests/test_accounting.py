@@ -77,3 +77,14 @@ def test_request_sums_are_ratios_of_sums(store):
         """
     ).fetchall()[0]
     assert row[0] > 0 and row[1] and row[2]
+
+
+def test_group_bytes_of_a_store_written_before_ingest_summed_them(store):
+    # Older stores hold only the groups text: the accounting sums it the same way.
+    groups = (
+        '[{"group": 1, "kind": "mamba", "bytes": 7000}, {"group": 0, "kind": "attention", "bytes": 500},'
+        ' {"group": 2, "kind": "sliding_window", "bytes": 30}]'
+    )
+    got = store.execute("SELECT _group_bytes(?, false), _group_bytes(?, true), _group_bytes('[]', true)",
+                        [groups, groups]).fetchall()  # fmt: skip
+    assert got == [(530, 7000, None)]

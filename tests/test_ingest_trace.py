@@ -217,6 +217,13 @@ def test_fast_and_careful_paths_give_the_same_rows():
     records = [engine_record("decode-0", "decode", 2), *transfer_records(30, seed=3)]
     records[5]["groups"] = [{"group": 0, "kind": "attention", "blocks": 3, "bytes": 100, "descriptors": 6}]
     records[6]["request_id"] = 12345  # an id given as a number is read as its text
+    # groups in any order, two attention-like kinds, and an empty breakdown
+    records[7]["groups"] = [
+        {"group": 1, "kind": "mamba", "blocks": 1, "bytes": 7000, "descriptors": 2},
+        {"group": 0, "kind": "attention", "blocks": 2, "bytes": 500, "descriptors": 4},
+        {"group": 2, "kind": "sliding_window", "blocks": 1, "bytes": 30, "descriptors": 1},
+    ]
+    records[8]["groups"] = []
     lines = [json.dumps(r).encode() for r in records]
     fast = fast_parse(b"\n".join(lines), 1, len(lines), "src")
     assert fast is not None
@@ -227,6 +234,12 @@ def test_fast_and_careful_paths_give_the_same_rows():
     ids = fast["transfers"]["request_id"].to_pylist() + fast["requests"]["request_id"].to_pylist()
     assert "12345" in ids
     assert any(g and '"blocks":3' in g for g in fast["transfers"]["groups"].to_pylist())
+    by_line = {
+        row["line_number"]: (row["attention_transported_bytes"], row["state_transported_bytes"])
+        for row in fast["transfers"].to_pylist()
+    }
+    assert by_line[6] == (100, 0) and by_line[8] == (530, 7000)
+    assert by_line[9] == (None, None)  # an empty breakdown says nothing
 
 
 def test_a_bad_line_sends_its_chunk_down_the_careful_path():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,59 @@ def test_partly_padded_intervals_count_the_padded_reads(tmp_path):
         assert verdict in ("partly padded", "padded", "unpadded") and padded == leaked
     finding = analyze(con).summary["findings_by_kind"]
     assert finding["padding_leak"] >= 1
+
+
+def test_a_wrong_byte_model_leaves_intervals_unexplained(tmp_path):
+    simulate(SimOptions(seed=55, duration_s=30), tmp_path / "b")
+    for trace in (tmp_path / "b").rglob("trace.jsonl"):
+        trace.unlink()
+    # The bundle comes from Nemotron Nano 12B v2; attaching Nemotron-H 8B sizes every read
+    # wrongly, so no interval can be explained and the analysis must say so.
+    ingest([tmp_path / "b"], tmp_path / "s", model="nemotron-h-8b-base-8k")
+    con = Store(tmp_path / "s").connect()
+    verdicts = dict(con.sql("SELECT verdict, count(*) FROM interval_bytes GROUP BY ALL").fetchall())
+    assert verdicts.get("unexplained", 0) > 0
+    found = [f for f in analyze(con).findings if f["kind"] == "native_unexplained"]
+    assert {f["evidence"]["source"] for f in found} == {"log", "prometheus"}
+    assert sum(f["evidence"]["unexplained"] for f in found) == verdicts["unexplained"]
+
+
+def _drop_lines(folder: Path, needle: str) -> int:
+    """Remove every log line containing ``needle`` (plain and rotated .gz logs)."""
+    dropped = 0
+    for log in folder.rglob("vllm.log*"):
+        opener = gzip.open if log.suffix == ".gz" else open
+        with opener(log, "rt", newline="") as fh:
+            lines = fh.read().splitlines(keepends=True)
+        kept = [line for line in lines if needle not in line]
+        dropped += len(lines) - len(kept)
+        with opener(log, "wt", newline="") as fh:
+            fh.write("".join(kept))
+    return dropped
+
+
+@pytest.mark.parametrize("lines_kept", [True, False])
+def test_failures_only_the_counters_saw_are_reported(tmp_path, lines_kept):
+    simulate(SimOptions(seed=56, duration_s=60, inject={"transfer_failed": 0.1}), tmp_path / "b")
+    for trace in (tmp_path / "b").rglob("trace.jsonl"):
+        trace.unlink()
+    if not lines_kept:
+        assert _drop_lines(tmp_path / "b", "NIXL transfer failure") > 0
+    ingest([tmp_path / "b"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "s").connect()
+    # What the scrapes saw fail: growth of the counter from the first scrape to the last.
+    counted = con.sql(
+        "SELECT max(value) - min(value) FROM prom_samples "
+        "WHERE metric = 'vllm:nixl_num_failed_transfers_total'"
+    ).fetchall()[0][0]
+    assert counted > 0
+    named = con.sql("SELECT count(*) FROM log_events WHERE kind = 'transfer_failed'").fetchall()[0][0]
+    engine_scope = [
+        f for f in analyze(con).findings if f["kind"] == "transfer_failed" and f["request_id"] is None
+    ]
+    if lines_kept:
+        assert named >= counted and engine_scope == []
+    else:
+        assert named == 0
+        assert len(engine_scope) == 1
+        assert engine_scope[0]["evidence"] == {"source": "prometheus", "counted": counted, "named": 0}

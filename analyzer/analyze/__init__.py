@@ -8,17 +8,24 @@ computes nothing itself: byte counts and verdicts live in SQL.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import duckdb
+import pyarrow as pa
 
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
 from hybridtrace.kinds import KINDS
 
-__all__ = ["KINDS", "Analysis", "analyze"]
+__all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+_NATIVE_INTERVALS = (
+    "SELECT count(*) FROM interval_bytes WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)"
+)
+# Views beside the one-per-kind rules: native metrics judged per engine and interval.
+NATIVE_VIEWS = ("finding_native_padding", "finding_native_unexplained", "finding_native_counters")
 
 # What each rule looks at, counted so that a rule that saw nothing says so.
 RULE_INPUTS = {
@@ -32,8 +39,9 @@ RULE_INPUTS = {
     "recompute_cheaper": "SELECT count(*) FROM handoffs WHERE prefill_s IS NOT NULL",
     "slow_rank": "SELECT count(*) FROM _rank_windows WHERE peer_median_gb_s IS NOT NULL",
     "config_mismatch": "SELECT count(*) FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers)",
-    "native_padding": "SELECT count(*) FROM interval_bytes "
-    "WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)",
+    "native_padding": _NATIVE_INTERVALS,
+    "native_unexplained": _NATIVE_INTERVALS,
+    "native_counters": "SELECT count(*) FROM intervals",
 }
 _INPUT_TABLES = (
     "transfers",
@@ -46,11 +54,70 @@ _INPUT_TABLES = (
 )
 
 
+# Views several rules read: computed once per analysis instead of once per rule.
+SHARED_VIEWS = ("transfer_bytes", "handoffs", "intervals", "interval_bytes")
+
+_ORDER_BY = (
+    "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
+    "kind, coalesce(engine_id, ''), coalesce(request_id, ''), coalesce(rank, -1)"
+)
+_COLUMNS = (
+    "kind, severity, engine_id, rank, request_id, remote_engine_id, start_ts, end_ts, message, evidence"
+)
+
+
+@contextmanager
+def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED_VIEWS) -> Iterator[None]:
+    """Compute each named view once, let every view that reads it read the result, then undo.
+
+    DuckDB binds a view's references when it is queried, so replacing ``transfer_bytes``
+    by a view over a temporary table makes every rule read the table. The originals come
+    back afterwards: the connection stays as it was, and a later call with other
+    thresholds recomputes.
+    """
+    originals: dict[str, str] = {}
+    try:
+        for name in names:
+            sql = con.execute(
+                "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+            ).fetchone()
+            if sql is None:
+                continue
+            originals[name] = sql[0]
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _snapshot_{name}")
+        yield
+    finally:
+        for name, sql in reversed(originals.items()):
+            con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+            con.execute(f"DROP TABLE IF EXISTS _snapshot_{name}")
+
+
 @dataclass
 class Analysis:
-    findings: list[dict]
+    """Findings (an Arrow table, sorted by severity), the inputs counted and the summary."""
+
+    table: pa.Table
     inputs: dict[str, int]
     summary: dict = field(default_factory=dict)
+    _rows: list[dict] | None = field(default=None, repr=False)
+
+    @property
+    def findings(self) -> list[dict]:
+        """Every finding as a dict, evidence parsed (built on first use: can be large)."""
+        if self._rows is None:
+            self._rows = self.rows()
+        return self._rows
+
+    def rows(self, limit: int | None = None) -> list[dict]:
+        table = self.table if limit is None else self.table.slice(0, limit)
+        rows = table.to_pylist()
+        for row in rows:
+            row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
+        return rows
+
+    def __len__(self) -> int:
+        return self.table.num_rows
 
     def as_dict(self) -> dict:
         return {"findings": self.findings, "inputs": self.inputs, "summary": self.summary}
@@ -59,43 +126,45 @@ class Analysis:
 def analyze(con: duckdb.DuckDBPyConnection, *, config: str | None = None) -> Analysis:
     """Run every finding rule over the store behind ``con``."""
     install_thresholds(con, load_thresholds(config))
-    inputs = {name: con.sql(f"SELECT count(*) FROM {name}").fetchall()[0][0] for name in _INPUT_TABLES}
-    inputs["transfers_accounted"] = con.sql("SELECT count(*) FROM transfer_bytes").fetchall()[0][0]
-    findings: list[dict] = []
-    by_kind: dict[str, int] = {}
+    with materialized(con):
+        return _analyze(con)
+
+
+def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
+    def scalar(sql: str):
+        return con.sql(sql).fetchall()[0][0]
+
+    inputs = {name: scalar(f"SELECT count(*) FROM {name}") for name in _INPUT_TABLES}
+    inputs["transfers_accounted"] = scalar("SELECT count(*) FROM transfer_bytes")
+    # One view per kind, plus the native-metrics rules (engine/interval scope), all in one
+    # table: DuckDB runs the union in parallel, and nothing crosses into Python row by row.
+    views = [f"finding_{kind}" for kind in KINDS] + list(NATIVE_VIEWS)
+    union = " UNION ALL BY NAME ".join(f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM ({union}) ORDER BY {_ORDER_BY}")
+    per_view = dict.fromkeys(views, 0)
+    per_view.update(con.sql("SELECT rule, count(*) FROM _findings GROUP BY rule").fetchall())
     by_kind = dict.fromkeys(KINDS, 0)
-    # One view per kind, plus the native-metrics padding rule (engine/interval scope).
-    per_view: dict[str, int] = {}
-    for view in [f"finding_{kind}" for kind in KINDS] + ["finding_native_padding"]:
-        relation = con.sql(f"SELECT * FROM {view}")
-        columns = relation.columns
-        rows = [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
-        per_view[view] = len(rows)
-        for row in rows:
-            row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
-            by_kind[row["kind"]] = by_kind.get(row["kind"], 0) + 1
-        findings.extend(rows)
-    findings.sort(
-        key=lambda f: (
-            SEVERITY_ORDER.get(f["severity"], 9),
-            f["kind"],
-            f["engine_id"] or "",
-            f["request_id"] or "",
-            -1 if f["rank"] is None else f["rank"],
-        )
+    by_kind.update(con.sql("SELECT kind, count(*) FROM _findings GROUP BY kind ORDER BY kind").fetchall())
+    severities = dict(
+        con.sql(
+            "SELECT severity, count(*) FROM _findings GROUP BY severity "
+            "ORDER BY CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
+        ).fetchall()
     )
-    rules = {}
-    for rule, sql in RULE_INPUTS.items():
-        rules[rule] = {"inputs": con.sql(sql).fetchall()[0][0], "findings": per_view[f"finding_{rule}"]}
-    severities: dict[str, int] = {}
-    for finding in findings:
-        severities[finding["severity"]] = severities.get(finding["severity"], 0) + 1
-    totals = con.sql(
+    table = con.sql(f"SELECT {_COLUMNS} FROM _findings").arrow()
+    if isinstance(table, pa.RecordBatchReader):
+        table = table.read_all()
+    con.execute("DROP TABLE _findings")
+    rules = {
+        rule: {"inputs": scalar(sql), "findings": per_view[f"finding_{rule}"]}
+        for rule, sql in RULE_INPUTS.items()
+    }
+    logical, expected, reserved, transported = con.sql(
         "SELECT sum(logical_bytes), sum(expected_bytes), sum(reserved_bytes), sum(transported_bytes) "
         "FROM transfer_bytes WHERE status = 'ok'"
     ).fetchall()[0]
-    logical, expected, reserved, transported = totals
     summary = {
+        "findings": table.num_rows,
         "findings_by_kind": by_kind,
         "findings_by_severity": severities,
         "logical_bytes": logical,
@@ -110,4 +179,4 @@ def analyze(con: duckdb.DuckDBPyConnection, *, config: str | None = None) -> Ana
         "rules": rules,
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
-    return Analysis(findings, inputs, summary)
+    return Analysis(table, inputs, summary)

@@ -179,6 +179,8 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
         part = frame if counts[rtype] == frame.height else frame.filter(pl.col("type") == rtype)
         columns = [pl.col(name).alias(column) for name, column, _, _ in fields]
         out = part.select([*columns, pl.col("line_number"), pl.lit(source_id).alias("source_id")])
+        if table == "transfers":
+            out = out.with_columns(_group_bytes_polars())
         for _, column, kind, _ in fields:
             if kind == "JSON" and out[column].null_count() < out.height:
                 encoded = (
@@ -199,6 +201,38 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
             out = out.with_columns(pl.lit("trace").alias("source_kind"))
         tables[table] = schema.conform(out.to_arrow())
     return tables
+
+
+# A read's bytes by cache type, summed over its groups: recurrent state is the `mamba`
+# groups (vLLM sizes linear-attention state with the same spec), attention every other
+# kind. Null when the read has no group breakdown.
+STATE_GROUP_KINDS = ("mamba",)
+
+
+def _group_bytes_polars() -> list[pl.Expr]:
+    groups = pl.col("groups")
+    state = pl.element().struct.field("kind").is_in(list(STATE_GROUP_KINDS))
+    has_groups = groups.list.len() > 0
+    return [
+        pl.when(has_groups)
+        .then(groups.list.eval(pl.element().filter(~state).struct.field("bytes")).list.sum())
+        .alias("attention_transported_bytes"),
+        pl.when(has_groups)
+        .then(groups.list.eval(pl.element().filter(state).struct.field("bytes")).list.sum())
+        .alias("state_transported_bytes"),
+    ]
+
+
+def group_bytes_sql(groups: str) -> tuple[str, str]:
+    """SQL for (attention, state) bytes of a read from its groups JSON text."""
+    kinds = ", ".join(f"'{k}'" for k in STATE_GROUP_KINDS)
+    g = f"json_transform({groups}, '[{{\"kind\": \"VARCHAR\", \"bytes\": \"BIGINT\"}}]')"
+
+    def summed(test: str) -> str:
+        return f"CASE WHEN len({g}) > 0 THEN coalesce(list_sum([x.bytes FOR x IN {g} IF {test}]), 0) END"
+
+    attention, state = summed(f"x.kind NOT IN ({kinds})"), summed(f"x.kind IN ({kinds})")
+    return attention, state
 
 
 def _structure() -> str:
@@ -315,6 +349,9 @@ def _project(
     day = ", CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in columns else ""
     if table == "engines":
         day += ", 'trace' AS source_kind"
+    if table == "transfers":
+        attention, state = group_bytes_sql("groups")
+        day += f", {attention} AS attention_transported_bytes, {state} AS state_transported_bytes"
     rows = con.sql(
         f"""
         SELECT {", ".join(columns)}{day}, '{source_id}' AS source_id, line_number

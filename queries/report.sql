@@ -1,0 +1,222 @@
+-- report: the data behind each chart of `hybridtrace report`, shaped, never recounted.
+--
+-- Every view here reads the accounting and findings views and only aggregates or
+-- samples them, so that a store of a million requests still makes a page of a few MB.
+-- Samples are deterministic (ordered by a hash of the ids), so two reports of the same
+-- store show the same points. The report says, beside each chart, how many rows it drew
+-- from and how many it shows.
+
+-- _report_requests: the requests the per-request bytes chart shows: the 12 that moved
+-- the most bytes over expected, then 28 more picked by hash (a fair sample of the rest).
+CREATE OR REPLACE VIEW _report_requests AS
+SELECT engine_id, request_id, excess_bytes
+FROM (
+    SELECT engine_id, request_id, sum(excess_bytes) AS excess_bytes, hash(engine_id, request_id) AS pick
+    FROM transfer_bytes
+    WHERE status = 'ok'
+    GROUP BY ALL
+)
+QUALIFY row_number() OVER (ORDER BY excess_bytes DESC, request_id) <= 12
+     OR row_number() OVER (ORDER BY pick, request_id) <= 28;
+
+-- report_request_cache_bytes: bytes by cache type per sampled request, for each count.
+--
+-- Columns:
+--   engine_id, request_id   the request (decode side)
+--   excess_bytes            transported − expected over the request's reads (the sort key)
+--   measure                 'logical', 'expected', 'reserved' or 'transported'
+--   cache                   'attention' or 'state'; transported bytes are 'unattributed'
+--                           when the trace's reads carry no groups, and 'other' holds what
+--                           the groups do not cover
+--   bytes                   summed over the request's successful reads (all ranks)
+CREATE OR REPLACE VIEW report_request_cache_bytes AS
+WITH per AS (
+    SELECT b.engine_id, b.request_id, any_value(p.excess_bytes) AS excess_bytes,
+           sum(b.logical_attention_bytes) AS la, sum(b.logical_state_bytes) AS ls,
+           sum(b.expected_attention_bytes) AS ea, sum(b.expected_state_bytes) AS es,
+           sum(b.reserved_state_bytes) AS rs,
+           sum(b.attention_transported_bytes) AS ta, sum(b.state_transported_bytes) AS ts_,
+           sum(b.transported_bytes) AS t,
+           count(b.attention_transported_bytes) = count(*) AND count(b.state_transported_bytes) = count(*)
+               AS grouped
+    FROM transfer_bytes b
+    JOIN _report_requests p USING (engine_id, request_id)
+    WHERE b.status = 'ok'
+    GROUP BY ALL
+)
+SELECT engine_id, request_id, excess_bytes, measure, cache, bytes
+FROM (
+    SELECT engine_id, request_id, excess_bytes, unnest([
+        {'measure': 'logical', 'cache': 'attention', 'bytes': la},
+        {'measure': 'logical', 'cache': 'state', 'bytes': ls},
+        {'measure': 'expected', 'cache': 'attention', 'bytes': ea},
+        {'measure': 'expected', 'cache': 'state', 'bytes': es},
+        {'measure': 'reserved', 'cache': 'attention', 'bytes': ea},
+        {'measure': 'reserved', 'cache': 'state', 'bytes': rs},
+        {'measure': 'transported', 'cache': 'attention', 'bytes': CASE WHEN grouped THEN ta END},
+        {'measure': 'transported', 'cache': 'state', 'bytes': CASE WHEN grouped THEN ts_ END},
+        {'measure': 'transported', 'cache': 'other', 'bytes': CASE WHEN grouped THEN t - ta - ts_ END},
+        {'measure': 'transported', 'cache': 'unattributed', 'bytes': CASE WHEN NOT grouped THEN t END}
+    ], recursive := true)
+    FROM per
+)
+WHERE bytes IS NOT NULL AND bytes <> 0;
+
+-- report_reads: up to 4,000 successful reads, picked by hash, for the payload and
+-- descriptor scatter plots.
+--
+-- Columns:
+--   engine_id, request_id, rank           the read
+--   transferred_tokens, state_blocks      T and J of its request
+--   transported_bytes, expected_bytes     what NIXL reported, what a correct connector moves
+--   excess_bytes                          transported − expected
+--   descriptors, post_ms, xfer_ms         descriptor count, post and transfer time in ms
+--   post_share                            post_s / xfer_s
+CREATE OR REPLACE VIEW report_reads AS
+SELECT b.engine_id, b.request_id, b.rank, b.transferred_tokens, b.state_blocks,
+       b.transported_bytes, b.expected_bytes, b.excess_bytes,
+       t.descriptors, t.post_s * 1e3 AS post_ms, t.xfer_s * 1e3 AS xfer_ms,
+       t.post_s / nullif(t.xfer_s, 0) AS post_share
+FROM transfer_bytes b
+JOIN transfers t USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
+WHERE b.status = 'ok'
+ORDER BY hash(b.engine_id, b.request_id, b.rank, b.remote_rank), b.request_id
+LIMIT 4000;
+
+-- report_model_lines: the byte model's payload of one read against tokens, per decode
+-- engine: logical B·T + S (one snapshot) and expected (whole blocks), at 64 points from
+-- 0 to the largest T the store holds, and the crossover S/B where state and attention
+-- bytes are equal.
+--
+-- Columns:
+--   engine_id            decode engine
+--   tokens               T
+--   logical_bytes        B·T + S
+--   expected_bytes       ceil(T / block)·block·B + S
+--   crossover_tokens     S / B (null for a model without attention)
+CREATE OR REPLACE VIEW report_model_lines AS
+WITH span AS (
+    SELECT engine_id, max(transferred_tokens) AS max_tokens
+    FROM transfer_bytes GROUP BY engine_id
+)
+SELECT m.engine_id, g.step * s.max_tokens // 64 AS tokens,
+       m.attention_bytes_per_token * (g.step * s.max_tokens // 64) + m.state_bytes AS logical_bytes,
+       CASE WHEN m.block_tokens IS NULL THEN m.state_bytes
+            ELSE ((g.step * s.max_tokens // 64) + m.block_tokens - 1) // m.block_tokens * m.block_tokens
+                 * m.attention_bytes_per_token + m.state_bytes END AS expected_bytes,
+       m.state_bytes / nullif(m.attention_bytes_per_token, 0) AS crossover_tokens
+FROM engine_models m
+JOIN span s USING (engine_id)
+CROSS JOIN (SELECT unnest(range(0, 65)) AS step) g
+WHERE m.error IS NULL;
+
+-- report_ranks: completion time and effective bandwidth of every decode rank.
+--
+-- Columns:
+--   engine_id, rank                       the decode rank
+--   reads                                 successful reads
+--   p50_xfer_ms, p90_xfer_ms, max_xfer_ms completion time of one read (post to observed end)
+--   effective_gb_s                        bytes / transfer time over its reads (ratio of sums)
+--   slow                                  true when finding_slow_rank names the rank
+CREATE OR REPLACE VIEW report_ranks AS
+SELECT t.engine_id, t.rank, count(*) AS reads,
+       quantile_cont(t.xfer_s, 0.5) * 1e3 AS p50_xfer_ms,
+       quantile_cont(t.xfer_s, 0.9) * 1e3 AS p90_xfer_ms,
+       max(t.xfer_s) * 1e3 AS max_xfer_ms,
+       sum(t.transported_bytes) / nullif(sum(t.xfer_s), 0) / 1e9 AS effective_gb_s,
+       bool_or(s.rank IS NOT NULL) AS slow
+FROM transfers t
+LEFT JOIN (SELECT DISTINCT engine_id, rank FROM finding_slow_rank) s USING (engine_id, rank)
+WHERE t.status = 'ok'
+GROUP BY ALL
+ORDER BY t.engine_id, t.rank;
+
+-- report_recompute: transfer_vs_recompute in long form (one row per bucket, statistic
+-- and side) for a line chart.
+--
+-- Columns:
+--   engine_id, bucket, requests   as in transfer_vs_recompute
+--   bucket_order                  sort key: the bucket's smallest missing prefix
+--   statistic                     'p50', 'p95' or 'max'
+--   side                          'transfer (X)' or 'recompute (R)'
+--   seconds                       the value
+--   prefill_source                'measured', 'configured', 'estimated' or 'mixed'
+CREATE OR REPLACE VIEW report_recompute AS
+SELECT engine_id, bucket, requests, missing_p50 AS bucket_order, prefill_source,
+       unnest([
+           {'statistic': 'p50', 'side': 'transfer (X)', 'seconds': transfer_p50_s},
+           {'statistic': 'p95', 'side': 'transfer (X)', 'seconds': transfer_p95_s},
+           {'statistic': 'max', 'side': 'transfer (X)', 'seconds': transfer_max_s},
+           {'statistic': 'p50', 'side': 'recompute (R)', 'seconds': prefill_p50_s},
+           {'statistic': 'p95', 'side': 'recompute (R)', 'seconds': prefill_p95_s},
+           {'statistic': 'max', 'side': 'recompute (R)', 'seconds': prefill_max_s}
+       ], recursive := true)
+FROM transfer_vs_recompute;
+
+-- report_intervals: the native-metrics timeline, at most 400 points per engine and
+-- source: intervals are merged into equal time bins when there are more.
+--
+-- Columns:
+--   engine_id, source_kind        the series
+--   end_ts                        end of the bin (epoch s)
+--   transfers                     successful transfers in the bin
+--   throughput_mib_s              MiB per second of transfer time (weighted by transfers)
+--   mib_per_transfer              MiB per transfer (weighted by transfers)
+--   failed_transfers, expired_requests   counts in the bin (null when not reported)
+CREATE OR REPLACE VIEW report_intervals AS
+WITH span AS (
+    SELECT engine_id, source_kind, min(end_ts) AS t0, max(end_ts) AS t1, count(*) AS n
+    FROM intervals GROUP BY ALL
+)
+SELECT i.engine_id, i.source_kind,
+       max(i.end_ts) AS end_ts,
+       sum(i.transfers) AS transfers,
+       sum(i.throughput_mib_s * i.transfers) / nullif(sum(i.transfers), 0) AS throughput_mib_s,
+       sum(i.avg_mib_per_transfer * i.transfers) / nullif(sum(i.transfers), 0) AS mib_per_transfer,
+       sum(i.failed_transfers) AS failed_transfers,
+       sum(i.expired_requests) AS expired_requests
+FROM intervals i
+JOIN span s USING (engine_id, source_kind)
+GROUP BY i.engine_id, i.source_kind,
+         CASE WHEN s.n <= 400 THEN i.end_ts
+              ELSE floor((i.end_ts - s.t0) / ((s.t1 - s.t0) / 400.0 + 1e-9)) END
+ORDER BY 1, 2, 3;
+
+-- report_engines: each engine's configuration as its records and byte model say.
+--
+-- Columns:
+--   engine_id, role, model, tp_size           who it is
+--   kv_cache_dtype, mamba_ssm_cache_dtype     cache dtypes (as logged or traced; else the model's)
+--   kv_layout, mamba_cache_mode               layout and Mamba prefix-caching mode
+--   block_tokens                              attention block size (logged, else the model's)
+--   mamba_padding_pct                         allocator padding of the state page (percent)
+--   host_staging                              true when the KV cache sits in a host buffer
+--   vllm_version                              when a record says
+CREATE OR REPLACE VIEW report_engines AS
+WITH e AS (
+    SELECT engine_id,
+           arg_max(role, ts) FILTER (WHERE role IS NOT NULL) AS role,
+           arg_max(model, ts) FILTER (WHERE model IS NOT NULL) AS model,
+           arg_max(tp_size, ts) FILTER (WHERE tp_size IS NOT NULL) AS tp_size,
+           arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
+           arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
+           arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
+           arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
+           arg_max(block_tokens, ts) FILTER (WHERE block_tokens IS NOT NULL) AS block_tokens,
+           arg_max(mamba_padding_pct, ts) FILTER (WHERE mamba_padding_pct IS NOT NULL) AS padding_pct,
+           bool_or(use_host_buffer OR kv_buffer_device = 'cpu') AS host_staging,
+           arg_max(vllm_version, ts) FILTER (WHERE vllm_version IS NOT NULL) AS vllm_version
+    FROM engines
+    GROUP BY engine_id
+)
+SELECT coalesce(e.engine_id, m.engine_id) AS engine_id, e.role, coalesce(m.model, e.model) AS model,
+       coalesce(e.tp_size, m.tp_size) AS tp_size,
+       coalesce(e.kv_cache_dtype, m.kv_cache_dtype) AS kv_cache_dtype,
+       coalesce(e.ssm_dtype, m.mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
+       e.kv_layout, e.mamba_cache_mode,
+       coalesce(e.block_tokens, m.block_tokens) AS block_tokens,
+       coalesce(e.padding_pct, m.mamba_padding_pct) AS mamba_padding_pct,
+       e.host_staging, e.vllm_version
+FROM e
+FULL JOIN engine_models m USING (engine_id)
+ORDER BY e.role NULLS LAST, 1;
