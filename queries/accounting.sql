@@ -8,6 +8,9 @@
 --   expected    = (ceil(T / block)·block·B) / share + (S·J) / share    attention blocks move whole
 --   reserved    = (ceil(T / block)·block·B) / share + (J·L·padded page) / share   allocator pages
 --   transported = what NIXL reported
+-- L counts the model's real recurrent layers, as `hybridtrace model` does. The padding
+-- layers the hybrid allocator adds to fill its last state group hold pages too, and a
+-- connector that sends whole groups sends them: padding_layers_bytes sizes them apart.
 -- Divisions are integer (a read moves whole bytes). expected − logical is block rounding
 -- (not a leak); transported − expected is what a correct connector would not have moved.
 
@@ -39,6 +42,7 @@ GROUP BY ALL;
 --   block_rounding_bytes   expected − logical
 --   excess_bytes           transported − expected (positive: more than a correct connector moves)
 --   padding_gap_bytes      reserved − expected: what sending padded state pages would add
+--   padding_layers_bytes   the padding layers' state pages: what sending them as well would add
 CREATE OR REPLACE VIEW transfer_bytes AS
 WITH base AS (
     SELECT
@@ -50,6 +54,7 @@ WITH base AS (
         m.state_bytes AS s,
         m.block_tokens AS block,
         m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
+        m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state,
         t.transported_bytes,
         t.attention_transported_bytes AS attention_group_bytes,
         t.state_transported_bytes AS state_group_bytes,
@@ -68,6 +73,7 @@ counted AS (
         CASE WHEN b = 0 OR block IS NULL THEN 0
              ELSE (tokens + block - 1) // block * block * b // share END AS expected_attention_bytes,
         coalesce(padded_state, s) * state_blocks // share AS reserved_state_bytes,
+        coalesce(padding_layer_state, 0) * state_blocks // share AS padding_layers_bytes,
         -- ingest sums the groups by cache type; stores written before it did are summed here
         CASE WHEN attention_group_bytes IS NOT NULL OR groups IS NULL THEN attention_group_bytes
              ELSE _group_bytes(groups, false) END AS attention_transported_bytes,
@@ -88,7 +94,8 @@ SELECT
     attention_transported_bytes, state_transported_bytes,
     expected_attention_bytes - logical_attention_bytes AS block_rounding_bytes,
     transported_bytes - (expected_attention_bytes + logical_state_bytes) AS excess_bytes,
-    reserved_state_bytes - logical_state_bytes AS padding_gap_bytes
+    reserved_state_bytes - logical_state_bytes AS padding_gap_bytes,
+    padding_layers_bytes
 FROM counted;
 
 -- request_bytes: the four counts summed over a request's reads (all ranks).

@@ -55,37 +55,88 @@ LEFT JOIN critical c USING (engine_id, rank)
 JOIN requests_per_engine q USING (engine_id)
 WHERE j.windows > 0 AND j.slow_windows >= _t('slow_rank_windows') * j.windows;
 
--- finding_config_mismatch: a prefill/decode pair that exchanges KV disagrees on the KV
--- cache dtype, or a handshake failed on a compatibility hash.
+-- finding_config_mismatch: a prefill/decode pair that exchanges KV disagrees on what a
+-- direct transfer needs, or a handshake failed on a compatibility hash.
+--
+-- Settings come from the engines' own records (trace `engine` records, log lines) and,
+-- for dtypes, from the byte model that resolves `auto` the way vLLM does, so `auto`
+-- against the dtype it stands for is no mismatch. A setting one side does not report is
+-- not compared. Compared: KV cache dtype, KV layout, attention block size, Mamba SSM
+-- dtype, Mamba cache mode, hybrid-allocator use, and the TP shape (one TP size must
+-- divide the other for ranks to pair).
+CREATE OR REPLACE VIEW _engine_settings AS
+WITH e AS (
+    SELECT engine_id,
+           arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
+           arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
+           coalesce(max(block_tokens), max(list_max([
+               g.block_tokens FOR g IN json_transform(groups, '[{"kind": "VARCHAR", "block_tokens": "BIGINT"}]')
+               IF g.kind <> 'mamba']))) AS block_tokens,
+           arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
+           arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
+           bool_or(hybrid_allocator) AS hybrid_allocator,
+           arg_max(tp_size, ts) FILTER (WHERE tp_size IS NOT NULL) AS tp_size
+    FROM engines GROUP BY engine_id
+)
+SELECT e.engine_id,
+       coalesce(m.kv_cache_dtype, nullif(e.kv_cache_dtype, 'auto')) AS kv_cache_dtype,
+       e.kv_layout,
+       coalesce(e.block_tokens, m.block_tokens) AS block_tokens,
+       coalesce(m.mamba_ssm_cache_dtype, nullif(e.ssm_dtype, 'auto')) AS mamba_ssm_cache_dtype,
+       e.mamba_cache_mode, e.hybrid_allocator,
+       coalesce(e.tp_size, m.tp_size) AS tp_size
+FROM e LEFT JOIN engine_models m ON m.engine_id = e.engine_id AND m.error IS NULL;
+
 CREATE OR REPLACE VIEW finding_config_mismatch AS
-WITH pairs AS (SELECT DISTINCT engine_id, remote_engine_id FROM transfers),
-settings AS (
-    SELECT engine_id, any_value(kv_cache_dtype) AS kv_cache_dtype, any_value(kv_layout) AS kv_layout,
-           max(block_tokens) AS block_tokens
-    FROM engines GROUP BY ALL
+WITH pairs AS (
+    SELECT DISTINCT engine_id, remote_engine_id FROM transfers
+    UNION
+    SELECT DISTINCT engine_id, remote_engine_id FROM log_events
+    WHERE kind = 'handshake_mismatch' AND remote_engine_id IS NOT NULL
 ),
 handshakes AS (
-    SELECT engine_id, count(*) AS mismatches, any_value(details) AS details
+    SELECT engine_id, remote_engine_id, count(*) AS mismatches
     FROM log_events WHERE kind = 'handshake_mismatch' GROUP BY ALL
+),
+compared AS (
+    SELECT p.engine_id, p.remote_engine_id, d AS dec, r AS pre, coalesce(h.mismatches, 0) AS mismatches,
+           list_filter([
+               CASE WHEN d.kv_cache_dtype <> r.kv_cache_dtype
+                    THEN 'KV dtype ' || d.kv_cache_dtype || ' vs ' || r.kv_cache_dtype END,
+               CASE WHEN d.kv_layout <> r.kv_layout THEN 'KV layout ' || d.kv_layout || ' vs ' || r.kv_layout END,
+               CASE WHEN d.block_tokens <> r.block_tokens
+                    THEN 'block size ' || d.block_tokens || ' vs ' || r.block_tokens || ' tokens' END,
+               CASE WHEN d.mamba_ssm_cache_dtype <> r.mamba_ssm_cache_dtype
+                    THEN 'SSM state dtype ' || d.mamba_ssm_cache_dtype || ' vs ' || r.mamba_ssm_cache_dtype END,
+               CASE WHEN d.mamba_cache_mode <> r.mamba_cache_mode
+                    THEN 'Mamba cache mode ' || d.mamba_cache_mode || ' vs ' || r.mamba_cache_mode END,
+               CASE WHEN d.hybrid_allocator <> r.hybrid_allocator
+                    THEN 'hybrid allocator ' || CASE WHEN d.hybrid_allocator THEN 'on' ELSE 'off' END || ' vs '
+                         || CASE WHEN r.hybrid_allocator THEN 'on' ELSE 'off' END END,
+               CASE WHEN d.tp_size % r.tp_size <> 0 AND r.tp_size % d.tp_size <> 0
+                    THEN 'TP ' || d.tp_size || ' vs ' || r.tp_size || ' (neither divides the other)' END,
+               CASE WHEN h.mismatches > 0 THEN 'handshake compatibility hash mismatch' END
+           ], lambda x: x IS NOT NULL) AS differs
+    FROM pairs p
+    LEFT JOIN _engine_settings d ON d.engine_id = p.engine_id
+    LEFT JOIN _engine_settings r ON r.engine_id = p.remote_engine_id
+    LEFT JOIN handshakes h
+      ON h.engine_id = p.engine_id AND coalesce(h.remote_engine_id, p.remote_engine_id) = p.remote_engine_id
 )
 SELECT
-    'config_mismatch' AS kind, 'error' AS severity, p.engine_id, CAST(NULL AS INTEGER) AS rank,
-    CAST(NULL AS VARCHAR) AS request_id, p.remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts,
+    'config_mismatch' AS kind, 'error' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank,
+    CAST(NULL AS VARCHAR) AS request_id, remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts,
     CAST(NULL AS DOUBLE) AS end_ts,
-    'decode ' || p.engine_id || ' and prefill ' || p.remote_engine_id || ' disagree: '
-        || concat_ws('; ',
-            CASE WHEN d.kv_cache_dtype IS DISTINCT FROM r.kv_cache_dtype
-                 THEN 'KV dtype ' || coalesce(d.kv_cache_dtype, '?') || ' vs ' || coalesce(r.kv_cache_dtype, '?') END,
-            CASE WHEN d.kv_layout IS DISTINCT FROM r.kv_layout AND d.kv_layout IS NOT NULL AND r.kv_layout IS NOT NULL
-                 THEN 'KV layout ' || d.kv_layout || ' vs ' || r.kv_layout END,
-            CASE WHEN h.mismatches > 0 THEN 'handshake compatibility hash mismatch' END) AS message,
-    CAST(json_object('decode_kv_cache_dtype', d.kv_cache_dtype, 'prefill_kv_cache_dtype', r.kv_cache_dtype,
-        'decode_kv_layout', d.kv_layout, 'prefill_kv_layout', r.kv_layout,
-        'handshake_mismatches', coalesce(h.mismatches, 0)) AS VARCHAR) AS evidence
-FROM pairs p
-LEFT JOIN settings d ON d.engine_id = p.engine_id
-LEFT JOIN settings r ON r.engine_id = p.remote_engine_id
-LEFT JOIN handshakes h ON h.engine_id = p.engine_id
-WHERE (d.kv_cache_dtype IS NOT NULL AND r.kv_cache_dtype IS NOT NULL AND d.kv_cache_dtype <> r.kv_cache_dtype)
-   OR (d.kv_layout IS NOT NULL AND r.kv_layout IS NOT NULL AND d.kv_layout <> r.kv_layout)
-   OR h.mismatches > 0;
+    'decode ' || engine_id || ' and prefill ' || coalesce(remote_engine_id, '?') || ' disagree: '
+        || array_to_string(differs, '; ') AS message,
+    CAST(json_object('differs', differs,
+        'decode_kv_cache_dtype', dec.kv_cache_dtype, 'prefill_kv_cache_dtype', pre.kv_cache_dtype,
+        'decode_kv_layout', dec.kv_layout, 'prefill_kv_layout', pre.kv_layout,
+        'decode_block_tokens', dec.block_tokens, 'prefill_block_tokens', pre.block_tokens,
+        'decode_mamba_ssm_cache_dtype', dec.mamba_ssm_cache_dtype,
+        'prefill_mamba_ssm_cache_dtype', pre.mamba_ssm_cache_dtype,
+        'decode_mamba_cache_mode', dec.mamba_cache_mode, 'prefill_mamba_cache_mode', pre.mamba_cache_mode,
+        'decode_tp_size', dec.tp_size, 'prefill_tp_size', pre.tp_size,
+        'handshake_mismatches', mismatches) AS VARCHAR) AS evidence
+FROM compared
+WHERE len(differs) > 0;

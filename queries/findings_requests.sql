@@ -7,21 +7,34 @@
 -- in hybridtrace.toml) through the _t() macro of _macros.sql.
 
 -- finding_padding_leak: a read moved more than a correct connector would, and the excess
--- is the allocator padding of the state pages (the state crossed as padded pages).
+-- is allocator padding: the real layers' state as padded pages, or that plus the pages of
+-- the allocator's padding layers (the evidence's `how` says which).
 CREATE OR REPLACE VIEW finding_padding_leak AS
+WITH leaks AS (
+    SELECT *,
+           CASE WHEN abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes')
+                THEN 'state sent as padded pages'
+                WHEN padding_layers_bytes > 0
+                     AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) <= _t('excess_min_bytes')
+                THEN 'state sent as padded pages, padding layers included' END AS how
+    FROM transfer_bytes
+    WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes') AND padding_gap_bytes > 0
+)
 SELECT
     'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
     any_value(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'recurrent state crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
+    'recurrent ' || CASE WHEN bool_or(how LIKE '%padding layers%') THEN 'state and padding layers'
+                         ELSE 'state' END
+        || ' crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
         || count(*) || ' reads beyond what the model needs' AS message,
     CAST(json_object('reads', count(*), 'transported_bytes', sum(transported_bytes),
         'expected_bytes', sum(expected_bytes), 'reserved_bytes', sum(reserved_bytes),
         'excess_bytes', sum(excess_bytes), 'padding_gap_bytes', sum(padding_gap_bytes),
-        'how', 'state sent as padded pages') AS VARCHAR) AS evidence
-FROM transfer_bytes
-WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes') AND padding_gap_bytes > 0
-  AND abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes')
+        'padding_layers_bytes', sum(padding_layers_bytes),
+        'how', CASE WHEN count(DISTINCT how) = 1 THEN any_value(how) ELSE 'mixed' END) AS VARCHAR) AS evidence
+FROM leaks
+WHERE how IS NOT NULL
 GROUP BY engine_id, request_id;
 
 -- finding_unsharded_state: one rank received far more recurrent state than its TP shard.
@@ -38,22 +51,38 @@ FROM transfer_bytes
 WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes')
   AND transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
   AND abs(excess_bytes - padding_gap_bytes) > _t('excess_min_bytes')
+  AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) > _t('excess_min_bytes')
 GROUP BY engine_id, request_id, rank;
 
--- finding_staging_copy: a read went through a host staging buffer.
+-- finding_staging_copy: a read went through a host staging buffer: it says so
+-- (staging_bytes > 0), or either engine registered its KV cache in host memory
+-- (kv_buffer_device cpu in the trace, or the log's host-buffer line).
+CREATE OR REPLACE VIEW _host_buffer_pairs AS
+SELECT p.engine_id, p.remote_engine_id, list(h.engine_id ORDER BY h.engine_id) AS host_engines
+FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers) p
+JOIN (SELECT DISTINCT engine_id FROM engines WHERE kv_buffer_device = 'cpu' OR use_host_buffer) h
+  ON h.engine_id IN (p.engine_id, p.remote_engine_id)
+GROUP BY ALL;
+
 CREATE OR REPLACE VIEW finding_staging_copy AS
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
     any_value(t.remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    sum(t.staging_bytes) || ' bytes staged through host memory beside the network read' AS message,
+    CASE WHEN sum(t.staging_bytes) > 0
+         THEN sum(t.staging_bytes) || ' bytes staged through host memory beside the network read'
+         ELSE 'the KV cache of ' || array_to_string(any_value(h.host_engines), ', ')
+              || ' sits in host memory: every read is copied device<->host beside the network read' END
+        AS message,
     CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
         'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(b.reserved_bytes),
+        'host_buffer_engines', coalesce(any_value(h.host_engines), []),
         'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(b.reserved_bytes), false)) AS VARCHAR)
         AS evidence
 FROM transfers t
 LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
-WHERE t.staging_bytes > 0
+LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+WHERE t.staging_bytes > 0 OR h.host_engines IS NOT NULL
 GROUP BY t.engine_id, t.request_id;
 
 -- finding_useless_boundary: KV arrived that the decoder could not resume from.

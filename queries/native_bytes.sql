@@ -39,7 +39,9 @@ CREATE OR REPLACE MACRO _block_offset(x, p) AS
 --                      or 'unexplained'
 CREATE OR REPLACE VIEW interval_bytes AS
 WITH sized AS (
-    SELECT i.engine_id, i.source_kind, i.start_ts, i.end_ts, i.transfers,
+    -- a key of its own: the first log interval has no start, and NULL never joins
+    SELECT row_number() OVER () AS interval_key,
+           i.engine_id, i.source_kind, i.start_ts, i.end_ts, i.transfers,
            coalesce(CAST(i.transported_bytes AS DOUBLE), i.avg_mib_per_transfer * 1048576.0 * i.transfers)
                AS total_bytes,
            CASE WHEN i.transported_bytes IS NOT NULL THEN 0.0 ELSE i.transfers * 0.0005 * 1048576.0 + 1 END
@@ -52,15 +54,15 @@ WITH sized AS (
     WHERE i.transfers > 0 AND m.block_tokens IS NOT NULL AND m.state_bytes > 0
 ),
 fits AS (
-    SELECT engine_id, source_kind, start_ts, end_ts,
+    SELECT interval_key,
            list(m ORDER BY m) FILTER (
                WHERE _block_offset(total_bytes - transfers * state_bytes - m * (padded_state_bytes - state_bytes),
                                    block_bytes) <= tolerance_bytes
            ) AS fitting
     FROM (SELECT *, unnest(range(1, transfers)) AS m FROM sized)
-    GROUP BY engine_id, source_kind, start_ts, end_ts
+    GROUP BY interval_key
 )
-SELECT *,
+SELECT * EXCLUDE (interval_key),
        CASE WHEN clean_fit AND padded_fit THEN NULL
             WHEN clean_fit THEN 0
             WHEN padded_fit THEN transfers
@@ -81,7 +83,7 @@ FROM (
            coalesce(f.fitting, []) AS fitting,
            coalesce(len(f.fitting), 0) AS fitting_counts
     FROM sized s
-    LEFT JOIN fits f USING (engine_id, source_kind, start_ts, end_ts)
+    LEFT JOIN fits f USING (interval_key)
 );
 
 -- finding_native_padding: padding judged per engine from native metrics, for engines the

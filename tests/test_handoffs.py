@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from hybridtrace.analyze import analyze
 from hybridtrace.ingest.run import ingest
 from hybridtrace.simulate import SimOptions, simulate
 from hybridtrace.store import Store
@@ -61,6 +62,15 @@ def test_prefill_is_estimated_from_the_peak_logged_rate_without_a_measurement(tm
         params=[peak],
     ).fetchall()[0]
     assert row == (True, True)
+    # A configured rate takes over from the estimate, and the analysis reads it from the file.
+    (tmp_path / "hybridtrace.toml").write_text("[thresholds]\nprefill_tokens_per_s = 20000\n")
+    analysis = analyze(con, config=str(tmp_path / "hybridtrace.toml"))
+    row = con.sql(
+        "SELECT bool_and(prefill_source = 'configured'), "
+        "bool_and(abs(prefill_s - missing_tokens / 20000) < 1e-9) FROM handoffs"
+    ).fetchall()[0]
+    assert row == (True, True)
+    assert analysis.summary["rules"]["recompute_cheaper"]["inputs"] > 0
 
 
 def test_route_bandwidth(con):

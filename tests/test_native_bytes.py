@@ -72,6 +72,14 @@ def test_partly_padded_intervals_count_the_padded_reads(tmp_path):
             params=[start, end],
         ).fetchall()[0][0]
         assert verdict in ("partly padded", "padded", "unpadded") and padded == leaked
+    # Every log interval is explained too, the first one (which has no start) included.
+    logs = dict(con.sql(
+        "SELECT start_ts IS NULL, count(*) FROM interval_bytes WHERE source_kind = 'log' "
+        "AND verdict IN ('partly padded', 'padded', 'unpadded', 'undecidable') GROUP BY ALL"
+    ).fetchall())  # fmt: skip
+    assert logs.get(True) == 1
+    all_logs = con.sql("SELECT count(*) FROM interval_bytes WHERE source_kind = 'log'").fetchall()[0][0]
+    assert sum(logs.values()) == all_logs
     finding = analyze(con).summary["findings_by_kind"]
     assert finding["padding_leak"] >= 1
 

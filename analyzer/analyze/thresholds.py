@@ -55,6 +55,12 @@ THRESHOLDS: tuple[Threshold, ...] = (
         1.0,
         "the handoff must exceed the prefill time by this factor to report recompute_cheaper",
     ),
+    Threshold(
+        "prefill_tokens_per_s",
+        0,
+        "the decoder's prefill rate for requests without a measured prefill_s, tokens/s; "
+        "0 estimates it from the engine's peak logged prompt throughput",
+    ),
 )
 DEFAULTS = {t.name: t.default for t in THRESHOLDS}
 
