@@ -322,6 +322,45 @@ def _analysis_table(result: Analysis, limit: int) -> str:
     return out
 
 
+@app.command("report")
+def report_command(
+    store: StoreOption = None,
+    html: Annotated[bool, typer.Option("--html", help="Write the HTML page (the default).")] = False,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="html, or md for a short Markdown summary.")
+    ] = "html",
+    out: Annotated[
+        str | None,
+        typer.Option(help="Where to write it (default: report.html or report.md; '-' prints Markdown)."),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option(help="hybridtrace.toml with [thresholds] (default: ./hybridtrace.toml).")
+    ] = None,
+) -> None:
+    """One self-contained HTML page (charts, findings, engines), or a Markdown summary."""
+    from hybridtrace.report import collect, render_markdown, write_report
+    from hybridtrace.store import Store, default_store
+
+    if fmt not in ("html", "md"):
+        raise UsageError(f"--format: {fmt!r} is not html or md")
+    if html and fmt == "md":
+        raise UsageError("--html and --format md ask for two different reports: pick one")
+    root = store or default_store()
+    if not Store(root).exists():
+        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
+    if out == "-":
+        if fmt != "md":
+            raise UsageError("--out - prints the Markdown summary only (add --format md)")
+        typer.echo(render_markdown(collect(Store(root).connect(), store=str(root), config=config)), nl=False)
+        return
+    path, data = write_report(root, out or f"report.{fmt}", fmt=fmt, config=config)
+    size = path.stat().st_size
+    typer.echo(
+        f"{path} ({format_bytes(size)}): {data.counts['findings']:,} findings over "
+        f"{data.inputs['transfers']:,} reads and {data.inputs['intervals']:,} intervals"
+    )
+
+
 @app.command("explain")
 def explain_command(
     request_id: Annotated[str, typer.Argument(help="Decode-side or prefill-side request id.")],
@@ -501,7 +540,7 @@ def demo_command(
     ] = None,
     seed: Annotated[int, typer.Option(help="Simulator seed.")] = 0,
 ) -> None:
-    """Simulate a P/D deployment, ingest it, and show what hybridtrace sees."""
+    """Simulate a P/D deployment, ingest it, show what hybridtrace sees, and write the HTML report."""
     from hybridtrace.demo import run_demo
 
     result = run_demo(directory, seed=seed)
@@ -528,6 +567,7 @@ def demo_command(
                     f'hybridtrace query "SELECT * FROM request_bytes LIMIT 10" --store {result.store}',
                 ),
                 ("time", f"{result.seconds:.1f} s"),
+                ("report", f"{result.report}  (open it in a browser; no network needed)"),
             ]
         )
     )

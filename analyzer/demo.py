@@ -1,4 +1,4 @@
-"""``hybridtrace demo``: simulate a deployment, ingest it, and show what the store knows.
+"""``hybridtrace demo``: simulate a deployment, ingest it, show what the store knows, write the report.
 
 The embedded default is a small disaggregated Nemotron Nano 12B v2 deployment (one
 prefill and one decode engine at TP 2, two minutes of traffic) with a slow decode rank,
@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridtrace.analyze import analyze
 from hybridtrace.ingest.run import IngestSummary, ingest
+from hybridtrace.report import write_report
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
 from hybridtrace.store import Store
 
@@ -41,6 +41,7 @@ class DemoResult:
     truth: dict
     ingest: IngestSummary
     sections: list[tuple[str, list[dict]]]
+    report: Path
     seconds: float
 
 
@@ -64,8 +65,9 @@ def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResul
     bundle, store = root / "bundle", root / "store"
     truth = simulate(SimOptions(seed=seed, inject=parse_inject(DEMO_INJECT)), bundle)
     summary = ingest([bundle], store)
+    report, data = write_report(store, root / "report.html")
+    analysis = data.analysis
     con = Store(store).connect()
-    analysis = analyze(con)
 
     def rows(sql: str) -> list[dict]:
         relation = con.sql(sql)
@@ -108,4 +110,4 @@ def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResul
             _findings_rows(analysis.summary, truth),
         ),
     ]
-    return DemoResult(root, bundle, store, truth, summary, sections, time.monotonic() - started)
+    return DemoResult(root, bundle, store, truth, summary, sections, report, time.monotonic() - started)

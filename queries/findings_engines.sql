@@ -75,7 +75,7 @@ WITH e AS (
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
            bool_or(hybrid_allocator) AS hybrid_allocator,
-           arg_max(tp_size, ts) FILTER (WHERE tp_size IS NOT NULL) AS tp_size
+           max(tp_size) AS tp_size  -- a log shows the workers it saw: a lower bound
     FROM engines GROUP BY engine_id
 )
 SELECT e.engine_id,

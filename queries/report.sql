@@ -197,7 +197,7 @@ WITH e AS (
     SELECT engine_id,
            arg_max(role, ts) FILTER (WHERE role IS NOT NULL) AS role,
            arg_max(model, ts) FILTER (WHERE model IS NOT NULL) AS model,
-           arg_max(tp_size, ts) FILTER (WHERE tp_size IS NOT NULL) AS tp_size,
+           max(tp_size) AS tp_size,  -- a log shows the workers it saw: a lower bound
            arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,

@@ -19,6 +19,10 @@ def test_demo_end_to_end(tmp_path):
     for heading in ("Effective bandwidth per decode rank", "What the logs said", "injected on purpose"):
         assert heading in out
     assert str(tmp_path / "d" / "store") in out
+    # it ends with the report's path
+    report = tmp_path / "d" / "report.html"
+    assert out.rstrip().splitlines()[-1].split()[:2] == ["report", str(report)]
+    assert report.stat().st_size > 100_000 and "hybridtrace report" in report.read_text()
     con = Store(tmp_path / "d" / "store").connect()
     # the injected slow rank stands out: the last decode rank reads well below its peer
     rates = dict(con.sql("SELECT rank, effective_gb_s FROM rank_bandwidth").fetchall())

@@ -73,17 +73,17 @@ def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED
     DuckDB binds a view's references when it is queried, so replacing ``transfer_bytes``
     by a view over a temporary table makes every rule read the table. The originals come
     back afterwards: the connection stays as it was, and a later call with other
-    thresholds recomputes.
+    thresholds recomputes. Nested calls reuse what the outer one computed.
     """
     originals: dict[str, str] = {}
     try:
         for name in names:
-            sql = con.execute(
+            found = con.execute(
                 "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
-            ).fetchone()
-            if sql is None:
-                continue
-            originals[name] = sql[0]
+            ).fetchall()
+            if not found or f"_snapshot_{name}" in found[0][0]:
+                continue  # no such view, or an enclosing call holds it already
+            originals[name] = found[0][0]
             con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
             con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _snapshot_{name}")
         yield

@@ -1,0 +1,32 @@
+"""``hybridtrace report``: the store's analysis as one self-contained HTML page or a Markdown note.
+
+Data moves one way: ``data`` reads views and findings, ``charts`` draws them with Altair,
+``render`` fills the Jinja templates of ``reports/``. Nothing here makes a byte count or
+a finding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridtrace.report.data import ReportData, collect
+from hybridtrace.report.render import render_html, render_markdown
+
+__all__ = ["ReportData", "collect", "render_html", "render_markdown", "write_report"]
+
+
+def write_report(
+    store: str | Path, out: str | Path, *, fmt: str = "html", config: str | None = None
+) -> tuple[Path, ReportData]:
+    """Analyse the store at ``store`` and write the report to ``out``; returns its path and data."""
+    from hybridtrace.store import Store
+
+    con = Store(store).connect()
+    data = collect(con, store=str(store), config=config)
+    text = render_html(data) if fmt == "html" else render_markdown(data)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(text, encoding="utf-8")
+    staged.replace(path)  # a reader never sees half a report
+    return path, data

@@ -1,0 +1,113 @@
+"""What the report shows, read from the store's views: no byte count is made here.
+
+``collect`` runs the analysis and the ``report_*`` views of ``queries/report.sql`` (which
+sample and aggregate), and returns plain rows for the charts and tables. Every section
+says how many rows it drew from, so a sampled chart never passes for the whole store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import duckdb
+
+from hybridtrace.analyze import Analysis, analyze, materialized
+from hybridtrace.analyze.thresholds import install as install_thresholds
+from hybridtrace.analyze.thresholds import load as load_thresholds
+from hybridtrace.kinds import KINDS
+
+# How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
+FINDINGS_SHOWN = 500
+
+
+@dataclass
+class ReportData:
+    """Everything a report template or chart needs, as plain Python values."""
+
+    store: str
+    generated: str
+    analysis: Analysis
+    thresholds: dict[str, float]
+    engines: list[dict]
+    request_bytes: list[dict]
+    reads: list[dict]
+    model_lines: list[dict]
+    ranks: list[dict]
+    recompute: list[dict]
+    intervals: list[dict]
+    findings: list[dict]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> dict:
+        return self.analysis.summary
+
+    @property
+    def inputs(self) -> dict:
+        return self.analysis.inputs
+
+
+def _plain(value):
+    """A value JSON and templates take as is (DuckDB hands back Decimals for some sums)."""
+    if isinstance(value, Decimal):
+        return float(value) if value % 1 else int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict]:
+    relation = con.execute(sql, params or [])
+    columns = [d[0] for d in relation.description]
+    return [{c: _plain(v) for c, v in zip(columns, row, strict=True)} for row in relation.fetchall()]
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
+    return con.execute(sql).fetchall()[0][0] or 0
+
+
+def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None) -> ReportData:
+    """Analyse the store behind ``con`` and gather every section of the report."""
+    install_thresholds(con, load_thresholds(config))
+    thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
+    with materialized(con):  # the analysis and the report views share one computation
+        analysis = analyze(con, config=config)
+        data = ReportData(
+            store=store,
+            generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            analysis=analysis,
+            thresholds=thresholds,
+            engines=rows(con, "SELECT * FROM report_engines"),
+            request_bytes=rows(con, "SELECT * FROM report_request_cache_bytes ORDER BY excess_bytes DESC"),
+            reads=rows(con, "SELECT * FROM report_reads"),
+            model_lines=rows(con, "SELECT * FROM report_model_lines ORDER BY engine_id, tokens"),
+            ranks=rows(con, "SELECT * FROM report_ranks"),
+            recompute=rows(con, "SELECT * FROM report_recompute ORDER BY engine_id, bucket_order"),
+            intervals=rows(con, "SELECT * FROM report_intervals"),
+            findings=analysis.rows(FINDINGS_SHOWN),
+            counts={
+                "requests_accounted": _scalar(
+                    con, "SELECT count(DISTINCT (engine_id, request_id)) FROM transfer_bytes "
+                    "WHERE status = 'ok'"
+                ),
+                "reads_ok": _scalar(con, "SELECT count(*) FROM transfer_bytes WHERE status = 'ok'"),
+                "handoffs_compared": _scalar(
+                    con, "SELECT count(*) FROM handoffs "
+                    "WHERE critical_path_s IS NOT NULL AND prefill_s IS NOT NULL"
+                ),
+                "intervals": _scalar(con, "SELECT count(*) FROM intervals"),
+                "findings": len(analysis),
+            },
+        )
+    for finding in data.findings:
+        finding["evidence_text"] = ", ".join(f"{k} {v}" for k, v in finding["evidence"].items())
+    return data
+
+
+def kinds_in_order(by_kind: dict[str, int]) -> list[str]:
+    """The contract's kinds first, then any the project added, as the findings hold them."""
+    extra = sorted(k for k in by_kind if k not in KINDS)
+    return [*KINDS, *extra]

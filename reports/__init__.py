@@ -1,0 +1,1 @@
+"""Report templates (Jinja) and their partials, shipped as package data."""
