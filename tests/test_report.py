@@ -1,0 +1,124 @@
+"""The report's content: self-contained, escaped, bounded in size, honest about empty inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.report import collect, render_html, render_markdown, write_report
+from hybridtrace.simulate import SimOptions, parse_inject, simulate
+from hybridtrace.store import Store
+
+EVIL = "<script>alert(1)</script>"
+ENGINE = "dec<b>ode"
+SCRIPT = Path(sys.executable).with_name("hybridtrace")
+
+
+def _evil_trace(folder: Path) -> None:
+    """A tiny trace whose request id is markup, and whose read failed (so a finding names it)."""
+    base = {"v": 1, "ts": 1764400000.0}
+    records = [
+        {**base, "type": "engine", "engine_id": ENGINE, "role": "decode", "tp_size": 1},
+        {**base, "type": "engine", "engine_id": "p", "role": "prefill", "tp_size": 1},
+        {**base, "type": "request", "request_id": EVIL, "engine_id": ENGINE, "remote_engine_id": "p",
+         "missing_tokens": 100, "transferred_tokens": 100, "reused_tokens": 100, "state_blocks": 1,
+         "status": "failed"},
+        {**base, "type": "transfer", "request_id": EVIL, "engine_id": ENGINE, "remote_engine_id": "p",
+         "rank": 0, "tp_size": 1, "remote_rank": 0, "remote_tp_size": 1, "status": "failed",
+         "post_s": 0.001, "xfer_s": 0.002, "bytes": 0, "descriptors": 4, "staging_bytes": 0},
+    ]  # fmt: skip
+    folder.mkdir(parents=True)
+    (folder / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    inject = parse_inject("slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02")
+    simulate(SimOptions(seed=3, duration_s=40, inject=inject), root / "bundle")
+    ingest([root / "bundle"], root / "store")
+    return root / "store"
+
+
+def test_page_is_self_contained(demo_store, tmp_path):
+    path, data = write_report(demo_store, tmp_path / "r.html")
+    html = path.read_text()
+    # nothing is fetched: no external script, stylesheet, image or frame (script bodies are
+    # code, not markup: the inlined Vega bundle holds tag templates of its own)
+    assert re.findall(r"<script\b[^>]*\bsrc\s*=", html, re.I) == []
+    markup = re.sub(r"(?is)<script\b[^>]*>.*?</script>", "", html)
+    assert re.findall(r"<(?:link|img|iframe|object|embed)\b[^>]*\b(?:src|href|data)\s*=", markup, re.I) == []
+    assert "vegaEmbed" in html and html.count('<script type="application/json"') == 6
+    # every section the issue lists is on the page
+    for anchor in ("summary", "bytes-by-cache", "payload", "ranks", "descriptors", "recompute", "intervals",
+                   "engines", "findings", "docs"):  # fmt: skip
+        assert f'id="{anchor}"' in html
+    # each kind that was found links to its docs page, carried in the page
+    for kind, n in data.summary["findings_by_kind"].items():
+        if n:
+            assert f'href="#doc-{kind}"' in html and f'id="doc-{kind}"' in html
+
+
+def test_strings_from_logs_are_text_not_markup(tmp_path):
+    _evil_trace(tmp_path / "in")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    path, data = write_report(tmp_path / "s", tmp_path / "r.html")
+    assert any(f["request_id"] == EVIL for f in data.findings)
+    html = path.read_text()
+    assert EVIL not in html and ENGINE not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    note = render_markdown(data)
+    assert EVIL not in note and "&lt;script&gt;" in note
+
+
+def test_empty_store_says_there_is_nothing_to_draw(tmp_path):
+    ingest([], tmp_path / "s")
+    html = render_html(collect(Store(tmp_path / "s").connect(), store="s"))
+    assert '<div class="chart"' not in html
+    assert "Nothing to draw for" in html and "No findings" in html
+
+
+def test_native_only_store_draws_the_timeline(tmp_path):
+    simulate(SimOptions(seed=4, duration_s=40), tmp_path / "b")
+    for trace in (tmp_path / "b").rglob("trace.jsonl"):
+        trace.unlink()
+    ingest([tmp_path / "b"], tmp_path / "s")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    html = render_html(data)
+    assert 'id="chart-intervals"' in html and 'id="chart-payload"' not in html
+    assert "byte counts come from native metrics only" in html
+
+
+def test_charts_sample_so_the_page_stays_small(tmp_path):
+    # 3,000 requests at TP 2 is 6,000 reads: more than the 4,000 the scatter plots keep.
+    simulate(SimOptions(seed=5, requests=3000, inject=parse_inject("padding_leak=0.5")), tmp_path / "b")
+    ingest([tmp_path / "b"], tmp_path / "s")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    assert data.counts["reads_ok"] > 4000 and len(data.reads) == 4000
+    assert len({r["request_id"] for r in data.request_bytes}) <= 40
+    assert data.counts["findings"] > 500 and len(data.findings) == 500
+    path, _ = write_report(tmp_path / "s", tmp_path / "r.html")
+    assert path.stat().st_size < 4_000_000
+    assert "The first 500 of" in path.read_text()
+
+
+def test_cli_report_and_markdown(demo_store, tmp_path):
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hybridtrace"]
+    out = tmp_path / "page.html"
+    done = subprocess.run([*command, "report", "--html", "--store", str(demo_store), "--out", str(out)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(str(out)) and out.exists()
+    md = subprocess.run([*command, "report", "--format", "md", "--store", str(demo_store), "--out", "-"],
+                        capture_output=True, text=True)  # fmt: skip
+    assert md.returncode == 0 and md.stdout.startswith("### hybridtrace:")
+    assert "| transported |" in md.stdout
+    bad = subprocess.run([*command, "report", "--store", str(tmp_path / "nowhere")],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "no store here" in bad.stderr and "Traceback" not in bad.stderr
