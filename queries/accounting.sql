@@ -2,8 +2,10 @@
 --
 -- For one read (one decode rank's read from one prefill rank), with B and S the
 -- decode engine's per-rank byte model (engine_models), T the request's transferred
--- tokens, J the state blocks read and `share` the number of reads that decode rank made
--- for the request (more than one when the prefill engine has more ranks):
+-- tokens, J the state blocks read and `share` the number of reads that decode rank makes
+-- for the request: one per prefill rank it covers, remote_tp_size / tp_size when the
+-- prefill engine has more ranks, else 1 (taken from the read's own TP sizes, so a read
+-- missing from the trace does not inflate the others):
 --   logical     = (B·T) / share + (S·J) / share                  the information that had to move
 --   expected    = (ceil(T / block)·block·B) / share + (S·J) / share    attention blocks move whole
 --   reserved    = (ceil(T / block)·block·B) / share + (J·L·padded page) / share   allocator pages
@@ -21,12 +23,6 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
          THEN coalesce(list_sum([
              x.bytes FOR x IN json_transform(groups, '[{"kind": "VARCHAR", "bytes": "BIGINT"}]')
              IF (x.kind = 'mamba') = state]), 0) END;
-
--- _read_share: how many reads each decode rank made for each request.
-CREATE OR REPLACE VIEW _read_share AS
-SELECT engine_id, request_id, rank, count(*) AS share
-FROM transfers
-GROUP BY ALL;
 
 -- transfer_bytes: one row per read with a sized engine and a matching request.
 --
@@ -49,7 +45,7 @@ WITH base AS (
         t.engine_id, t.request_id, t.rank, t.remote_engine_id, t.remote_rank, t.ts, t.status,
         r.transferred_tokens AS tokens,
         coalesce(r.state_blocks, 1) AS state_blocks,
-        s.share,
+        greatest(1, t.remote_tp_size // t.tp_size) AS share,
         m.attention_bytes_per_token AS b,
         m.state_bytes AS s,
         m.block_tokens AS block,
@@ -61,7 +57,6 @@ WITH base AS (
         t.groups
     FROM transfers t
     JOIN requests r USING (engine_id, request_id)
-    JOIN _read_share s USING (engine_id, request_id, rank)
     JOIN engine_models m ON m.engine_id = t.engine_id AND m.error IS NULL
 ),
 counted AS (

@@ -71,18 +71,22 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     CASE WHEN sum(t.staging_bytes) > 0
          THEN sum(t.staging_bytes) || ' bytes staged through host memory beside the network read'
-         ELSE 'the KV cache of ' || array_to_string(any_value(h.host_engines), ', ')
+         ELSE 'the KV cache of ' || array_to_string(any_value(t.host_engines), ', ')
               || ' sits in host memory: every read is copied device<->host beside the network read' END
         AS message,
     CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
         'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(b.reserved_bytes),
-        'host_buffer_engines', coalesce(any_value(h.host_engines), []),
+        'host_buffer_engines', coalesce(any_value(t.host_engines), []),
         'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(b.reserved_bytes), false)) AS VARCHAR)
         AS evidence
-FROM transfers t
+FROM (
+    -- the staged reads first, so only they are matched with their byte counts
+    SELECT t.*, h.host_engines
+    FROM transfers t
+    LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    WHERE t.staging_bytes > 0 OR h.host_engines IS NOT NULL
+) t
 LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
-LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
-WHERE t.staging_bytes > 0 OR h.host_engines IS NOT NULL
 GROUP BY t.engine_id, t.request_id;
 
 -- finding_useless_boundary: KV arrived that the decoder could not resume from.
