@@ -158,7 +158,8 @@ StoreOption = Annotated[
 @app.command("ingest")
 def ingest_command(
     paths: Annotated[
-        list[str], typer.Argument(help="Files or folders to read (formats are detected by content).")
+        list[str],
+        typer.Argument(help="Files, folders or bucket prefixes (s3://…, gs://…); formats found by content."),
     ],
     store: StoreOption = None,
     year: Annotated[
@@ -198,7 +199,8 @@ def ingest_command(
                 (
                     "objects",
                     f"{summary.objects_seen} seen, {summary.objects_read} read, "
-                    f"{summary.objects_skipped} unchanged",
+                    f"{summary.objects_skipped} unchanged"
+                    + (f", {summary.objects_gone} gone since the last run" if summary.objects_gone else ""),
                 ),
                 ("formats", formats),
                 ("rows", rows),

@@ -31,6 +31,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hybridtrace.buckets import ObjectRef, list_objects
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
@@ -75,6 +76,7 @@ class IngestSummary:
     rejects: int = 0
     duplicates: int = 0
     recovered_files: int = 0
+    objects_gone: int = 0
     seconds: float = 0.0
     by_format: dict[str, int] = field(default_factory=dict)
 
@@ -84,31 +86,29 @@ class IngestSummary:
         return out
 
 
-def _walk(paths: Iterable[str | Path]) -> Iterator[Path]:
+def _listing(paths: Iterable[str | Path]) -> tuple[list[str], list[ObjectRef]]:
+    """The prefixes the inputs cover and every object under them (listing only, no reads)."""
+    prefixes, objects, seen = [], [], set()
     for raw in paths:
-        path = Path(raw)
-        if "://" in str(raw):
-            raise UsageError(f"{raw}: bucket inputs are not supported yet; use a local path")
-        if path.is_dir():
-            yield from sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        elif path.is_file():
-            yield path
-        else:
-            raise UsageError(f"{raw}: no such file or folder")
+        prefix, found = list_objects(raw)
+        prefixes.append(prefix)
+        for obj in found:
+            if obj.uri not in seen:
+                seen.add(obj.uri)
+                objects.append(obj)
+    return prefixes, objects
 
 
-def _fingerprint(path: Path, size: int) -> str:
+def _fingerprint(head: bytes) -> str:
     """Hash of the object's first bytes (at most 4 KiB): unchanged when it only grows."""
-    with open(path, "rb") as handle:
-        head = handle.read(min(size, FINGERPRINT_BYTES))
-    return hashlib.sha256(head).hexdigest()[:32]
+    return hashlib.sha256(head[:FINGERPRINT_BYTES]).hexdigest()[:32]
 
 
-def _finishes_counted_line(path: Path, offset: int) -> bool:
+def _finishes_counted_line(obj: ObjectRef, offset: int) -> bool:
     """True when the last read took an unterminated line and the byte at ``offset`` ends it."""
     if offset < 1:
         return False
-    with open(path, "rb") as handle:
+    with obj.open() as handle:
         handle.seek(offset - 1)
         before, at = handle.read(1), handle.read(1)
     return before != b"\n" and at == b"\n"
@@ -118,15 +118,25 @@ def _source_id(uri: str, size: int, mtime: float, start: int) -> str:
     return hashlib.sha256(f"{uri}\0{size}\0{mtime}\0{start}".encode()).hexdigest()[:32]
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(2) == b"\x1f\x8b"
+class _Gunzip(gzip.GzipFile):
+    """A gzip reader that also closes the handle it reads from."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
-def _open_at(path: Path, start: int, compressed: bool) -> BinaryIO:
+def _open_at(obj: ObjectRef, start: int, compressed: bool) -> BinaryIO:
     """The object's (decompressed) bytes from ``start``."""
+    raw = obj.open()
     if compressed:
-        handle: BinaryIO = gzip.open(path, "rb")  # type: ignore[assignment]  # noqa: SIM115
+        handle: BinaryIO = _Gunzip(raw)  # type: ignore[assignment]
         remaining = start
         while remaining:
             skipped = handle.read(min(remaining, CHUNK_BYTES))
@@ -134,9 +144,8 @@ def _open_at(path: Path, start: int, compressed: bool) -> BinaryIO:
                 break
             remaining -= len(skipped)
         return handle
-    handle = open(path, "rb")  # noqa: SIM115 - the caller closes it
-    handle.seek(start)
-    return handle
+    raw.seek(start)
+    return raw
 
 
 def _seekable_line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
@@ -275,6 +284,7 @@ class _Ingest:
         self.batch = _Batch()
         self.summary = IngestSummary()
         self.previous = _previous_reads(store)
+        self.seen: set[str] = set()  # uris of this run's listing
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-commit")
         self.progress = _Progress(False, 0)
         self.done_bytes = 0  # bytes of objects walked so far, for the progress bar
@@ -312,19 +322,29 @@ class _Ingest:
                           "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
         self.batch.add("models", table)
 
-    def object(self, path: Path) -> None:
+    def object(self, obj: ObjectRef) -> None:
         summary = self.summary
         summary.objects_seen += 1
-        uri = str(path.resolve())
-        stat = path.stat()
-        size, mtime = stat.st_size, stat.st_mtime
+        uri, size, mtime = obj.uri, obj.size, obj.mtime
+        self.seen.add(uri)
         last = self.previous.get(uri)
-        if last and last["status"] != "partial" and last["size_bytes"] == size and last["mtime"] == mtime:
+        unchanged = last and last["status"] not in ("partial", "deleted") and last["size_bytes"] == size
+        if unchanged and last["mtime"] == mtime:  # the listing alone says: nothing new
             summary.objects_skipped += 1
             self.done_bytes += size
             return
-        compressed = _is_gzip(path)
-        fingerprint = _fingerprint(path, size)
+        try:
+            head, version = obj.head(FINGERPRINT_BYTES)
+        except OSError as exc:
+            self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
+            self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
+            return
+        if unchanged and version is not None and version == last["version"]:
+            summary.objects_skipped += 1  # rewritten with the same content (same ETag)
+            self.done_bytes += size
+            return
+        compressed = head[:2] == b"\x1f\x8b"
+        fingerprint = _fingerprint(head[:size])
         start, first_line, fmt, engine_id = 0, 1, None, None
         # A read that found nothing it knows (a launcher banner before the first vLLM line)
         # is not resumed: the whole object is looked at again.
@@ -332,32 +352,48 @@ class _Ingest:
             same_object = last["size_bytes"] == size and last["mtime"] == mtime
             grown = (
                 not compressed
+                and last["size_bytes"] is not None
                 and size > last["end_offset"]
-                and _fingerprint(path, last["size_bytes"]) == last["etag"]
+                and _fingerprint(head[: last["size_bytes"]]) == last["etag"]
             )
             if (same_object and last["status"] == "partial") or grown:
                 start, first_line = last["end_offset"], last["end_line"] + 1
-                if grown and _finishes_counted_line(path, start):
+                if grown and _finishes_counted_line(obj, start):
                     start += 1  # the newline that ended the last line read (it had none then)
                 fmt, engine_id = last["format"], last["engine_id"]
         try:
-            handle = _open_at(path, start, compressed)
+            handle = _open_at(obj, start, compressed)
         except OSError as exc:
             self.batch.sources.append(
-                self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown")
+                self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown", version)
             )
             self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
             return
         with handle:
             summary.objects_read += 1
-            _ObjectReader(self, path, uri, size, mtime, fingerprint, compressed, fmt, engine_id).run(
+            _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id).run(
                 handle, start, first_line
             )
         self.done_bytes += size
         self.progress.update(summary, self.done_bytes)
         self.maybe_commit()
 
-    def _source_row(self, uri, size, mtime, fingerprint, start, first_line, fmt) -> dict:
+    def note_gone(self, prefixes: list[str]) -> None:
+        """A manifest row for each object read before that its folder or prefix no longer has."""
+        for uri, last in self.previous.items():
+            if uri in self.seen or last["status"] == "deleted":
+                continue
+            if not any(uri == prefix or (prefix.endswith(("/", os.sep)) and uri.startswith(prefix))
+                       for prefix in prefixes):  # fmt: skip
+                continue
+            row = self._source_row(uri, None, None, last["etag"], last["end_offset"] or 0,
+                                   (last["end_line"] or 0) + 1, last["format"], last["version"])  # fmt: skip
+            row.update(status="deleted", message="gone from its listing; the rows read from it stay",
+                       engine_id=last["engine_id"])  # fmt: skip
+            self.batch.sources.append(row)
+            self.summary.objects_gone += 1
+
+    def _source_row(self, uri, size, mtime, fingerprint, start, first_line, fmt, version=None) -> dict:
         return {
             "source_id": _source_id(uri, size, mtime, start),
             "batch_id": self.batch.id,
@@ -366,6 +402,7 @@ class _Ingest:
             "size_bytes": size,
             "mtime": mtime,
             "etag": fingerprint,
+            "version": version,
             "start_offset": start,
             "end_offset": start,
             "end_line": first_line - 1,
@@ -384,10 +421,12 @@ class _Ingest:
 class _ObjectReader:
     """Streams one object through its format's parser, committing slices as batches fill."""
 
-    def __init__(self, run: _Ingest, path: Path, uri: str, size: int, mtime: float, fingerprint: str,
+    def __init__(self, run: _Ingest, obj: ObjectRef, fingerprint: str, version: str | None,
                  compressed: bool, fmt: str | None, engine_id: str | None) -> None:  # fmt: skip
-        self.job, self.path, self.uri = run, path, uri
-        self.size, self.mtime, self.fingerprint, self.compressed = size, mtime, fingerprint, compressed
+        self.job, self.obj, self.uri = run, obj, obj.uri
+        self.size, self.mtime, self.fingerprint = obj.size, obj.mtime, fingerprint
+        self.compressed = compressed
+        self.version = version
         self.fmt = fmt
         self.engine_id = engine_id
         self.log_ctx: vllm_log.LogContext | None = None
@@ -400,7 +439,7 @@ class _ObjectReader:
             final = not lines and not consumed
             if self.fmt is None:
                 head = lines.block[:HEAD_BYTES] if lines else tail[:HEAD_BYTES]
-                self.fmt = detect_format(head, self.path.name) if head.strip() else "empty"
+                self.fmt = detect_format(head, self.obj.name) if head.strip() else "empty"
                 row["format"] = self.fmt
                 self.job.summary.by_format[self.fmt] = self.job.summary.by_format.get(self.fmt, 0) + 1
             if final:
@@ -434,7 +473,9 @@ class _ObjectReader:
         self._close_row(row)
 
     def _new_row(self, offset: int, line: int) -> dict:
-        row = self.job._source_row(self.uri, self.size, self.mtime, self.fingerprint, offset, line, self.fmt)
+        row = self.job._source_row(
+            self.uri, self.size, self.mtime, self.fingerprint, offset, line, self.fmt, self.version
+        )
         row["start_line"] = line
         row["counts"] = {}
         row["engine_id"] = self.engine_id
@@ -478,10 +519,10 @@ class _ObjectReader:
 
     def _prometheus(self, row: dict, lines: _Lines, first_line: int) -> None:
         texts, bad = _decode_lines(lines, first_line)
-        samples, rejects = prometheus.parse_snapshot(texts, first_line, self.path.name, self.mtime)
+        samples, rejects = prometheus.parse_snapshot(texts, first_line, self.obj.name, self.mtime)
         self._reject(row, bad + rejects)
         if samples:
-            instance = _folder_engine_id(self.path)
+            instance = _folder_engine_id(self.obj)
             table = pa.Table.from_pylist(
                 [{**s, "instance": instance, "source_id": row["source_id"]} for s in samples]
             )
@@ -495,7 +536,7 @@ class _ObjectReader:
                 year=self.job.options.year,
                 tz=self.job.options.tz,
                 engine_id=self.engine_id,
-                fallback_engine_id=_folder_engine_id(self.path),
+                fallback_engine_id=_folder_engine_id(self.obj),
             )
         series, bad = _decode_series(lines, first_line)
         if bad:
@@ -557,7 +598,7 @@ class _ObjectReader:
             row["_config_error"] = str(exc)
             return
         name = config.get("_name_or_path") or (
-            self.path.parent.name if self.path.name == "config.json" else self.path.stem
+            self.obj.folder if self.obj.name == "config.json" else self.obj.stem
         )
         arch = (config.get("architectures") or [config.get("model_type")])[0]
         table = pa.table(
@@ -635,9 +676,9 @@ def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]
         return texts, bad
 
 
-def _folder_engine_id(path: Path) -> str:
+def _folder_engine_id(obj: ObjectRef) -> str:
     """Without a NIXL engine id in the log, the instance is named by its folder."""
-    return path.parent.name or path.stem
+    return obj.folder or obj.stem
 
 
 def _with_day(table: pa.Table, ts_column: str) -> pa.Table:
@@ -672,7 +713,7 @@ def ingest(
         from hybridtrace.model import geometry_from_config, load_config
 
         geometry_from_config(*load_config(model))  # a bad --model fails before the store is touched
-    objects = list(_walk(paths))  # a listing only: nothing is read yet
+    prefixes, objects = _listing(paths)  # a listing only: nothing is read yet
     store = Store(store_root)
     store.init()
     with store.writer_lock():
@@ -681,10 +722,11 @@ def ingest(
         run.summary.recovered_files = recovered
         if model is not None:
             run.explicit_model(model)
-        run.progress = _Progress(progress, sum(p.stat().st_size for p in objects))
+        run.progress = _Progress(progress, sum(o.size for o in objects))
         try:
-            for path in objects:
-                run.object(path)
+            for obj in objects:
+                run.object(obj)
+            run.note_gone(prefixes)
             run.maybe_commit(force=True)
         finally:
             try:

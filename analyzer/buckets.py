@@ -1,0 +1,221 @@
+"""Objects in local folders and in S3 or GCS buckets, behind one small interface.
+
+Buckets go through pyarrow's native filesystems, which follow each cloud's standard
+credential chain (environment, shared profiles, instance or workload identity,
+``GOOGLE_APPLICATION_CREDENTIALS``). pyarrow does not read an endpoint override from the
+environment itself, so this module does:
+
+- S3: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (an S3-compatible server: MinIO,
+  Ceph, a test server), ``AWS_REGION`` / ``AWS_DEFAULT_REGION``;
+- GCS: ``STORAGE_EMULATOR_HOST`` (an emulator: plain HTTP, no credentials) and
+  ``GOOGLE_CLOUD_PROJECT``.
+
+Listing a prefix reads names, sizes and modification times only; an object's contents
+(and its ETag or generation) are fetched only when it is opened. Credentials never
+appear in a URI, a message or the store: a URI carrying them is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from hybridtrace.errors import UsageError
+
+SCHEMES = ("s3", "gs", "gcs")
+_SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def is_bucket(location: str | Path) -> bool:
+    return str(location).split("://", 1)[0].lower() in SCHEMES and "://" in str(location)
+
+
+def redact(text: str) -> str:
+    """``text`` with any credential the environment holds replaced by ***."""
+    for name in _SECRET_VARIABLES:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A bucket location: its filesystem, the ``bucket/prefix`` path in it, and its URI."""
+
+    scheme: str  # s3 or gs
+    filesystem: pafs.FileSystem = field(repr=False, compare=False)
+    path: str  # bucket/prefix, no trailing slash
+    uri: str  # scheme://bucket/prefix
+
+    def uri_of(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
+
+def _endpoint(url: str) -> tuple[str, str]:
+    """(host[:port], scheme) of an endpoint URL; https when it does not say."""
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    return parts.netloc, parts.scheme or "https"
+
+
+def _s3_filesystem() -> pafs.S3FileSystem:
+    options: dict = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_override"], options["scheme"] = _endpoint(endpoint)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return pafs.S3FileSystem(**options)
+
+
+def _gcs_filesystem() -> pafs.GcsFileSystem:
+    options: dict = {"retry_time_limit": dt.timedelta(seconds=60)}
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        host, scheme = _endpoint(emulator if "://" in emulator else f"http://{emulator}")
+        options.update(endpoint_override=host, scheme=scheme, anonymous=True)
+        options["retry_time_limit"] = dt.timedelta(seconds=5)
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT")
+    if project:
+        options["project_id"] = project
+    return pafs.GcsFileSystem(**options)
+
+
+def bucket(uri: str) -> Bucket:
+    """The bucket location of ``s3://bucket/prefix`` or ``gs://bucket/prefix``."""
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise UsageError(f"{uri}: not a bucket URI (s3://… or gs://…)")
+    if "@" in parts.netloc:
+        # never echo it: the part before @ is a secret
+        raise UsageError(
+            f"{scheme}:// URIs with credentials in them are refused; use the standard credential chain"
+        )
+    if not parts.netloc:
+        raise UsageError(f"{uri}: no bucket name")
+    scheme = "gs" if scheme == "gcs" else scheme
+    path = (parts.netloc + parts.path).rstrip("/")
+    try:
+        filesystem = _s3_filesystem() if scheme == "s3" else _gcs_filesystem()
+    except Exception as exc:  # pyarrow raises several kinds for a bad setting
+        raise UsageError(f"{scheme}://{path}: cannot open the filesystem: {redact(str(exc))}") from exc
+    return Bucket(scheme, filesystem, path, f"{scheme}://{path}")
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """One object to ingest: a local file or a bucket object, as a listing saw it."""
+
+    uri: str  # identity in the manifest: an absolute local path, or scheme://bucket/key
+    size: int
+    mtime: float  # epoch seconds
+    local: Path | None = None
+    filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
+    path: str | None = None  # bucket/key for a bucket object
+
+    @property
+    def name(self) -> str:
+        return self.local.name if self.local else self.path.rsplit("/", 1)[-1]
+
+    @property
+    def folder(self) -> str:
+        """The name of the folder (or key prefix segment) that holds the object."""
+        if self.local:
+            return self.local.parent.name
+        parts = self.path.split("/")
+        return parts[-2] if len(parts) > 2 else ""
+
+    @property
+    def stem(self) -> str:
+        name = self.name
+        return name.rsplit(".", 1)[0] if "." in name[1:] else name
+
+    def open(self) -> BinaryIO:
+        """A seekable binary handle on the object (the caller closes it)."""
+        if self.local is not None:
+            return open(self.local, "rb")
+        try:
+            # open_input_file reads by ranges on demand: far faster than a stream for our chunks
+            return self.filesystem.open_input_file(self.path)  # type: ignore[union-attr, return-value]
+        except OSError as exc:
+            raise OSError(redact(str(exc))) from None
+
+    def head(self, n: int) -> tuple[bytes, str | None]:
+        """The first ``n`` bytes, and the object's version: ETag (S3) or generation (GCS)."""
+        with self.open() as handle:
+            data = handle.read(n)
+            version = None
+            if self.local is None:
+                meta = handle.metadata() or {}  # type: ignore[attr-defined]
+                keys = ("generation", "ETag", b"generation", b"ETag")
+                raw = next((meta[k] for k in keys if meta.get(k)), None)
+                if raw is not None:
+                    version = (raw.decode() if isinstance(raw, bytes) else str(raw)).strip('"')
+        return data, version
+
+
+def _visible(name: str) -> bool:
+    return not name.rsplit("/", 1)[-1].startswith(".")
+
+
+def list_local(path: Path) -> Iterator[ObjectRef]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p.name))
+    elif path.is_file():
+        files = [path]
+    else:
+        raise UsageError(f"{path}: no such file or folder")
+    for file in files:
+        stat = file.stat()
+        yield ObjectRef(str(file.resolve()), stat.st_size, stat.st_mtime, local=file)
+
+
+def list_bucket(location: Bucket) -> list[ObjectRef]:
+    """Every object under the prefix (or the one object it names), by listing only."""
+    fs = location.filesystem
+    try:
+        info = fs.get_file_info(location.path)
+        if info.type == pafs.FileType.File:
+            infos = [info]
+        elif info.type == pafs.FileType.NotFound and "/" not in location.path:
+            raise UsageError(f"{location.uri}: no such bucket")
+        else:
+            infos = fs.get_file_info(pafs.FileSelector(location.path, recursive=True, allow_not_found=True))
+    except UsageError:
+        raise
+    except OSError as exc:
+        raise UsageError(f"{location.uri}: cannot list: {redact(str(exc))}") from exc
+    out = []
+    for item in infos:
+        if item.type != pafs.FileType.File or not _visible(item.path):
+            continue
+        mtime = item.mtime.timestamp() if item.mtime is not None else 0.0
+        uri = location.uri_of(item.path)
+        out.append(ObjectRef(uri, item.size or 0, mtime, filesystem=fs, path=item.path))
+    out.sort(key=lambda o: o.uri)
+    return out
+
+
+def list_objects(location: str | Path) -> tuple[str, list[ObjectRef]]:
+    """(the URI prefix the listing covers, its objects) for a local path or a bucket URI."""
+    text = str(location)
+    if text.startswith("file://"):
+        text = urlsplit(text).path
+    if is_bucket(text):
+        where = bucket(text)
+        objects = list_bucket(where)
+        single = len(objects) == 1 and objects[0].uri == where.uri
+        return (where.uri if single else where.uri + "/"), objects
+    path = Path(text)
+    objects = list(list_local(path))
+    resolved = str(path.resolve())
+    return (resolved if path.is_file() else resolved.rstrip(os.sep) + os.sep), objects
