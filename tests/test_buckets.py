@@ -1,0 +1,192 @@
+"""Ingest from buckets: an S3 API server (moto), a GCS emulator and a local folder as the bucket.
+
+The same story on each: ingest a prefix; re-run (nothing is read); add objects, change
+one, delete one; re-run — the store then holds exactly what a local ingest of the same
+history holds. Two runs at once do not corrupt the store, and a run killed mid-way is
+completed by the next.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import servers
+from loggen import decode_log, prefill_log
+from promgen import scrape
+from test_ingest_trace import _all_rows
+from tracegen import transfer_records
+
+from hybridtrace.buckets import ObjectRef
+from hybridtrace.errors import UsageError
+from hybridtrace.ingest.run import ingest
+from hybridtrace.store import Store
+
+REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") == "1"
+
+
+def _jsonl(records: list[dict]) -> bytes:
+    import json
+
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def initial_objects() -> dict[str, bytes]:
+    objects: dict[str, bytes] = {}
+    for i in range(3):
+        objects[f"engine-{i}/trace.jsonl"] = _jsonl(transfer_records(20, seed=i))
+        objects[f"engine-{i}/vllm.log"] = (decode_log() * 3).encode()
+        scraped = scrape([(0.01, 0.001, 5000, 9)] * (i + 1))
+        objects[f"engine-{i}/metrics-20260421T1000{i:02d}Z.prom"] = scraped.encode()
+    objects["prefill/vllm.log.1.gz"] = gzip.compress(prefill_log().encode() * 5)
+    return objects
+
+
+def changes() -> tuple[dict[str, bytes], list[str]]:
+    """Objects to put (new ones, and engine-0's log grown), and objects to delete."""
+    put = {
+        "engine-3/trace.jsonl": _jsonl(transfer_records(20, seed=3)),
+        "engine-3/vllm.log": (decode_log() * 2).encode(),
+        "engine-0/vllm.log": (decode_log() * 5).encode(),
+    }
+    return put, ["engine-1/metrics-20260421T100001Z.prom"]
+
+
+@pytest.fixture(params=["s3", "gs", "file"])
+def server(request, tmp_path, monkeypatch):
+    if request.param == "s3":
+        if not REQUIRE:
+            pytest.importorskip("moto.server")
+        context = servers.moto_s3()
+    elif request.param == "gs":
+        if servers.fake_gcs_binary() is None and not REQUIRE:
+            pytest.skip("fake-gcs-server is not installed")
+        context = servers.fake_gcs()
+    else:
+        context = servers.local_folder(tmp_path / "bucket-root")
+    with context as srv:
+        for name, value in srv.env.items():
+            monkeypatch.setenv(name, value)
+        srv.make_bucket("telemetry")
+        yield srv
+
+
+def _mirror(folder: Path, objects: dict[str, bytes], deleted: list[str] = ()) -> None:
+    for name, data in objects.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    for name in deleted:
+        (folder / name).unlink()
+
+
+def test_prefix_added_changed_deleted(server, tmp_path):
+    prefix = server.uri("telemetry/logs")
+    first = initial_objects()
+    for name, data in first.items():
+        server.put(f"telemetry/logs/{name}", data)
+    store = tmp_path / "store"
+    summary = ingest([prefix], store)
+    assert (summary.objects_read, summary.objects_skipped) == (len(first), 0)
+    assert summary.rows["transfers"] == 3 * 20 * 2 and summary.rows["prom_samples"] > 0
+
+    again = ingest([prefix], store)
+    assert (again.objects_read, again.objects_skipped, again.rows) == (0, len(first), {})
+
+    put, deleted = changes()
+    for name, data in put.items():
+        server.put(f"telemetry/logs/{name}", data)
+    for name in deleted:
+        server.delete(f"telemetry/logs/{name}")
+    third = ingest([prefix], store)
+    assert third.objects_read == len(put) and third.objects_gone == len(deleted)
+
+    # the same history from a local folder
+    local, expected = tmp_path / "mirror", tmp_path / "expected"
+    _mirror(local, first)
+    ingest([local], expected)
+    _mirror(local, put, deleted)
+    ingest([local], expected)
+    got, want = _all_rows(store), _all_rows(expected)
+    for table in want:
+        assert got[table] == want[table], table
+    gone = Store(store).connect().sql("SELECT uri FROM sources WHERE status = 'deleted'").fetchall()
+    assert [uri.rsplit("/", 2)[-2:] for (uri,) in gone] == [deleted[0].split("/")]
+    # noted once: the next run has nothing to say about it
+    assert ingest([prefix], store).objects_gone == 0
+
+
+def test_unchanged_objects_are_not_opened(server, tmp_path, monkeypatch):
+    for name, data in initial_objects().items():
+        server.put(f"telemetry/logs/{name}", data)
+    ingest([server.uri("telemetry/logs")], tmp_path / "store")
+
+    def refuse(self):
+        raise AssertionError(f"{self.uri} was opened")
+
+    monkeypatch.setattr(ObjectRef, "open", refuse)
+    summary = ingest([server.uri("telemetry/logs")], tmp_path / "store")
+    assert summary.objects_read == 0 and summary.objects_skipped == len(initial_objects())
+
+
+def _command(prefix: str, store: Path) -> list[str]:
+    return [sys.executable, "-m", "hybridtrace", "ingest", prefix, "--store", str(store), "-q"]
+
+
+def test_concurrent_runs_and_a_killed_run(server, tmp_path):
+    objects = initial_objects()
+    for name, data in objects.items():
+        server.put(f"telemetry/logs/{name}", data)
+    prefix, store = server.uri("telemetry/logs"), tmp_path / "store"
+    # tiny batches: many commits, so a kill lands between some of them
+    tiny = {"HYBRIDTRACE_BATCH_OBJECTS": "1", "HYBRIDTRACE_BATCH_ROWS": "20",
+            "HYBRIDTRACE_CHUNK_BYTES": "2048"}  # fmt: skip
+    env = servers.environ_with({**server.env, **tiny})
+    runs = [subprocess.Popen(_command(prefix, store), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]  # fmt: skip
+    for run in runs:
+        _out, err = run.communicate(timeout=120)
+        assert run.returncode == 0 or (run.returncode == 2 and "another ingest is writing" in err), err
+        assert "Traceback" not in err
+    Store(store).connect()
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_command(prefix, killed), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(1.0)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    Store(killed).connect()  # readable after the kill
+    subprocess.run(_command(prefix, killed), env=env, check=True, capture_output=True)
+    subprocess.run(_command(prefix, store), env=env, check=True, capture_output=True)
+
+    local, clean = tmp_path / "mirror", tmp_path / "clean"
+    _mirror(local, objects)
+    ingest([local], clean)
+    want = _all_rows(clean)
+    for root in (store, killed):
+        got = _all_rows(root)
+        for table in want:
+            assert got[table] == want[table], (root.name, table)
+
+
+def test_bad_bucket_uris_are_clear_and_keep_secrets(server, tmp_path):
+    if server.scheme == "file":
+        with pytest.raises(UsageError, match="no such file or folder"):
+            ingest([server.uri("telemetry/nothing-here")], tmp_path / "store")
+        return
+    secret = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+    with pytest.raises(UsageError) as refused:
+        ingest([f"{server.scheme}://someone:{secret or 'hunter22'}@telemetry/logs"], tmp_path / "store")
+    assert "refused" in str(refused.value) and (secret or "hunter22") not in str(refused.value)
+    with pytest.raises(UsageError) as missing:
+        ingest([server.uri("no-such-bucket")], tmp_path / "store")
+    assert "no such bucket" in str(missing.value) or "cannot list" in str(missing.value)
+    assert not secret or secret not in str(missing.value)
+    # an empty prefix is no error: nothing to read yet
+    assert ingest([server.uri("telemetry/empty")], tmp_path / "store").objects_seen == 0
