@@ -363,6 +363,33 @@ def report_command(
     )
 
 
+@app.command("run")
+def run_command(
+    config: Annotated[
+        str, typer.Option("--config", "-c", help="The job file (TOML): inputs, store, report, alert.")
+    ],
+) -> None:
+    """The scheduled job: ingest what is new, analyze, publish the report, exit by the alert policy.
+
+    Prints one line of JSON (status, objects, findings, report); exit 0 ok or skipped (an
+    earlier run still holds the lock), 1 findings matched fail_on, 2 bad job file,
+    unreadable input, nothing to analyze with strict, or a run stuck past its lease.
+    """
+    import json
+
+    from hybridtrace.job import load_job, run_job
+
+    try:
+        code, summary = run_job(load_job(config))
+    except HybridtraceError as exc:
+        # the scheduler's log still gets its one line; the reason goes to stderr as well
+        typer.echo(json.dumps({"status": "error", "message": str(exc)}, separators=(",", ":")))
+        typer.echo(f"hybridtrace: error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    typer.echo(json.dumps(summary, separators=(",", ":"), default=str))
+    raise typer.Exit(code)
+
+
 @app.command("explain")
 def explain_command(
     request_id: Annotated[str, typer.Argument(help="Decode-side or prefill-side request id.")],

@@ -1,0 +1,230 @@
+"""``hybridtrace run --config job.toml``: the scheduled job — ingest, analyze, report, alert.
+
+One run reads what is new under the configured inputs (folders or bucket prefixes),
+updates the store, runs the analysis, writes the report (to a path or a bucket) and
+returns an exit code by the configured policy, with a one-line JSON summary for the
+scheduler's log. A run lock keeps overlapping runs apart: the second one steps aside
+(status ``skipped``) unless the holder has held the lock longer than its lease, which
+means a stuck run — then it fails loudly (exit 2) so the schedule alerts.
+
+The job file::
+
+    [inputs]
+    paths = ["s3://telemetry/prod/vllm/", "/var/log/vllm"]
+    model = "nemotron-nano-12b-v2"      # optional: the config every engine serves
+    tz = "UTC"                          # optional: time zone of vLLM log stamps
+
+    [store]
+    path = "/var/lib/hybridtrace/store"
+
+    [report]
+    html = "s3://telemetry/reports/hybridtrace.html"   # a path or a bucket URI
+    markdown = "/var/lib/hybridtrace/summary.md"       # optional
+
+    [alert]
+    fail_on = ["transfer_failed", "kv_expired"]        # or "any"; exit 1 when found
+    strict = true                                      # exit 2 when nothing was analyzable
+    lease_s = 3600                                     # a lock older than this is a stuck run
+
+    [thresholds]                                       # optional, as in hybridtrace.toml
+    slow_rank_ratio = 0.6
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridtrace.buckets import bucket, is_bucket, redact
+from hybridtrace.errors import UsageError
+from hybridtrace.kinds import KINDS
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+@dataclass
+class JobConfig:
+    paths: list[str]
+    store: str
+    model: str | None = None
+    tz: str = "UTC"
+    year: int | None = None
+    html: str | None = None
+    markdown: str | None = None
+    fail_on: set[str] = field(default_factory=set)
+    strict: bool = False
+    lease_s: float = 3600.0
+    thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
+
+
+def _section(raw: dict, name: str, path: Path) -> dict:
+    value = raw.get(name, {})
+    if not isinstance(value, dict):
+        raise UsageError(f"{path}: [{name}] must be a table")
+    return value
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and check a job file; every mistake is a one-line UsageError."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise UsageError(f"{path}: no such job file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    known = {"inputs", "store", "report", "alert", "thresholds"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UsageError(f"{path}: unknown sections {unknown} (known: {', '.join(sorted(known))})")
+    inputs, store = _section(raw, "inputs", path), _section(raw, "store", path)
+    report, alert = _section(raw, "report", path), _section(raw, "alert", path)
+    paths = inputs.get("paths")
+    if isinstance(paths, str):
+        paths = [paths]
+    if not paths or not all(isinstance(p, str) for p in paths):
+        raise UsageError(f"{path}: [inputs] paths must list at least one folder or bucket prefix")
+    if not isinstance(store.get("path"), str):
+        raise UsageError(f"{path}: [store] path is required")
+    fail_on = alert.get("fail_on", [])
+    if fail_on == "any":
+        kinds = set(KINDS)
+    else:
+        kinds = {fail_on} if isinstance(fail_on, str) else set(fail_on)
+        bad = kinds - set(KINDS)
+        if bad:
+            raise UsageError(
+                f"{path}: [alert] fail_on: unknown kinds {sorted(bad)} (known: any, {', '.join(KINDS)})"
+            )
+    return JobConfig(
+        paths=list(paths),
+        store=store["path"],
+        model=inputs.get("model"),
+        tz=inputs.get("tz", "UTC"),
+        year=inputs.get("year"),
+        html=report.get("html"),
+        markdown=report.get("markdown"),
+        fail_on=kinds,
+        strict=bool(alert.get("strict", False)),
+        lease_s=float(alert.get("lease_s", 3600)),
+        thresholds_file=str(path) if "thresholds" in raw else None,
+    )
+
+
+class Busy(Exception):
+    """Another run holds the lock (``stuck`` when it has held it past its lease)."""
+
+    def __init__(self, holder: dict, stuck: bool) -> None:
+        super().__init__(holder)
+        self.holder, self.stuck = holder, stuck
+
+
+@contextlib.contextmanager
+def run_lock(store: str, lease_s: float) -> Iterator[None]:
+    """Hold the store's run lock for a whole run; a dead run's lock is released by the OS.
+
+    The lock file names its holder (host, pid, start), so the next run can tell a long
+    run from a stuck one.
+    """
+    root = Path(store)
+    root.mkdir(parents=True, exist_ok=True)
+    handle = open(root / ".run.lock", "a+")  # noqa: SIM115 - closed below
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            try:
+                holder = json.loads(handle.read() or "{}")
+            except ValueError:
+                holder = {}
+            held = time.time() - float(holder.get("started", time.time()))
+            raise Busy(holder, stuck=held > lease_s) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def _publish(local: Path, target: str) -> str:
+    """Copy a written report to its target (a path or a bucket object); returns the target."""
+    if is_bucket(target):
+        where = bucket(target)
+        try:
+            with where.filesystem.open_output_stream(where.path, compression=None) as out:
+                out.write(local.read_bytes())
+        except OSError as exc:
+            raise UsageError(f"{where.uri}: cannot write the report: {redact(str(exc))}") from exc
+        return where.uri
+    destination = Path(target)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staged = destination.with_name(destination.name + ".tmp")
+    staged.write_bytes(local.read_bytes())
+    staged.replace(destination)
+    return str(destination)
+
+
+def run_job(config: JobConfig) -> tuple[int, dict]:
+    """One scheduled run: (exit code, the one-line summary as a dict)."""
+    import tempfile
+
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.report import collect, render_html, render_markdown
+    from hybridtrace.store import Store
+
+    started = time.monotonic()
+    summary: dict = {"status": "ok", "store": config.store}
+    if is_bucket(config.store):
+        raise UsageError(f"{config.store}: the job keeps its store on a local path for now")
+    try:
+        with run_lock(config.store, config.lease_s):
+            ingested = ingest(config.paths, config.store, year=config.year, tz=config.tz, model=config.model)
+            summary["objects"] = {
+                "seen": ingested.objects_seen, "read": ingested.objects_read,
+                "unchanged": ingested.objects_skipped, "gone": ingested.objects_gone,
+            }  # fmt: skip
+            summary["rows"] = sum(ingested.rows.values())
+            summary["rejects"] = ingested.rejects
+            con = Store(config.store).connect()
+            data = collect(con, store=config.store, config=config.thresholds_file)
+            by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
+            summary["findings"] = data.counts["findings"]
+            summary["by_kind"] = by_kind
+            summary["by_severity"] = data.summary["findings_by_severity"]
+            with tempfile.TemporaryDirectory(prefix="hybridtrace-run-") as scratch:
+                if config.html:
+                    page = Path(scratch) / "report.html"
+                    page.write_text(render_html(data), encoding="utf-8")
+                    summary["report"] = _publish(page, config.html)
+                if config.markdown:
+                    note = Path(scratch) / "summary.md"
+                    note.write_text(render_markdown(data), encoding="utf-8")
+                    summary["markdown"] = _publish(note, config.markdown)
+    except Busy as busy:
+        holder = busy.holder
+        since = time.time() - float(holder.get("started", time.time()))
+        summary["status"] = "stuck" if busy.stuck else "skipped"
+        summary["holder"] = {k: holder.get(k) for k in ("host", "pid")}
+        summary["held_s"] = round(since, 1)
+        summary["seconds"] = round(time.monotonic() - started, 3)
+        return (EXIT_ERROR if busy.stuck else EXIT_OK), summary
+    matched = sorted(k for k in config.fail_on if by_kind.get(k))
+    summary["fail_on_matched"] = matched
+    code = EXIT_OK
+    if config.strict and not (data.inputs["transfers"] or data.inputs["intervals"]):
+        summary["status"], code = "nothing to analyze", EXIT_ERROR
+    elif matched:
+        summary["status"], code = "findings", EXIT_FINDINGS
+    summary["seconds"] = round(time.monotonic() - started, 3)
+    return code, summary

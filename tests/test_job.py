@@ -1,0 +1,112 @@
+"""`hybridtrace run --config job.toml`: the scheduled job, its exit codes and its one-line summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import servers
+
+from hybridtrace.job import JobConfig, load_job, run_job, run_lock
+from hybridtrace.simulate import SimOptions, parse_inject, simulate
+
+SCRIPT = Path(sys.executable).with_name("hybridtrace")
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hybridtrace"]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("job") / "bundle"
+    simulate(SimOptions(seed=9, duration_s=30, inject=parse_inject("transfer_failed=0.05")), root)
+    return root
+
+
+def _job(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _run(job: Path, env: dict | None = None) -> tuple[int, dict, str]:
+    done = subprocess.run([*COMMAND, "run", "--config", str(job)], capture_output=True, text=True,
+                          env=servers.environ_with(env or {}), timeout=300)  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout  # one machine-readable line, nothing else
+    return done.returncode, json.loads(lines[0]), done.stderr
+
+
+def test_local_job_reports_and_alerts(tmp_path, bundle):
+    job = _job(tmp_path, f"""
+[inputs]
+paths = ["{bundle}"]
+[store]
+path = "{tmp_path / 'store'}"
+[report]
+html = "{tmp_path / 'out' / 'report.html'}"
+markdown = "{tmp_path / 'out' / 'summary.md'}"
+[alert]
+fail_on = ["transfer_failed"]
+strict = true
+[thresholds]
+slow_rank_ratio = 0.5
+""")
+    code, summary, _ = _run(job)
+    assert code == 1 and summary["status"] == "findings" and summary["fail_on_matched"] == ["transfer_failed"]
+    assert summary["objects"]["read"] > 0 and summary["by_kind"]["transfer_failed"] > 0
+    assert Path(summary["report"]).read_text().startswith("<!DOCTYPE html>")
+    assert (tmp_path / "out" / "summary.md").read_text().startswith("### hybridtrace:")
+    # the next run reads nothing new and says the same
+    code, again, _ = _run(job)
+    assert code == 1 and again["objects"]["read"] == 0 and again["findings"] == summary["findings"]
+
+
+def test_bucket_inputs_and_report(tmp_path, bundle):
+    pytest.importorskip("moto.server")
+    with servers.moto_s3() as s3:
+        s3.make_bucket("telemetry")
+        for file in sorted(p for p in bundle.rglob("*") if p.is_file()):
+            s3.put(f"telemetry/prod/{file.relative_to(bundle)}", file.read_bytes())
+        job = _job(tmp_path, f"""
+[inputs]
+paths = ["s3://telemetry/prod/"]
+[store]
+path = "{tmp_path / 'store'}"
+[report]
+html = "s3://telemetry/reports/latest.html"
+""")
+        code, summary, stderr = _run(job, s3.env)
+        assert code == 0 and summary["status"] == "ok", stderr
+        assert summary["report"] == "s3://telemetry/reports/latest.html"
+        with s3.filesystem.open_input_file("telemetry/reports/latest.html") as page:
+            assert b"hybridtrace report" in page.read()
+        assert s3.env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(summary) + stderr
+
+
+def test_overlapping_runs_step_aside_and_a_stuck_one_alerts(tmp_path, bundle):
+    config = JobConfig(paths=[str(bundle)], store=str(tmp_path / "store"), lease_s=3600)
+    with run_lock(config.store, config.lease_s):
+        code, summary = run_job(config)
+        assert (code, summary["status"]) == (0, "skipped") and summary["holder"]["pid"]
+        config.lease_s = 0  # the holder is past its lease: a stuck run
+        code, summary = run_job(config)
+        assert (code, summary["status"]) == (2, "stuck")
+    config.lease_s = 3600
+    code, summary = run_job(config)  # released: this one runs
+    assert code == 0 and summary["status"] == "ok"
+
+
+def test_bad_job_files_and_nothing_to_analyze(tmp_path):
+    code, summary, stderr = _run(_job(tmp_path, "[inputs]\npaths = []\n[store]\npath = 'x'\n"))
+    assert code == 2 and summary["status"] == "error" and "paths must list" in stderr
+    code, summary, _ = _run(_job(tmp_path, "[input]\npaths = ['x']\n"))
+    assert code == 2 and "unknown sections" in summary["message"]
+    with pytest.raises(Exception, match="unknown kinds"):
+        load_job(_job(tmp_path, "[inputs]\npaths=['a']\n[store]\npath='s'\n[alert]\nfail_on=['nope']\n"))
+    (tmp_path / "empty").mkdir()
+    job = _job(tmp_path, f"[inputs]\npaths = ['{tmp_path / 'empty'}']\n[store]\npath = '{tmp_path / 's'}'\n"
+                         "[alert]\nstrict = true\n")  # fmt: skip
+    code, summary, _ = _run(job)
+    assert code == 2 and summary["status"] == "nothing to analyze"
