@@ -6,7 +6,8 @@ Layout under the store root::
     transfers/day=2026-11-29/engine_id=d0/part-<batch>-<n>.parquet
     sources/part-<batch>.parquet                 the commit record of a batch
 
-A batch commits when its ``sources`` file appears (written last, by atomic rename).
+A batch commits when its ``sources`` file appears (written last: by atomic rename in a
+folder, by one whole upload in a bucket; see ``storage.py``).
 Data files carry their batch id in the name; the views read only files of committed
 batches, so a process killed mid-batch leaves a readable store, and the files it left
 are removed by the next run, which then reads the same objects again.
@@ -26,10 +27,10 @@ from urllib.parse import quote
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from hybridtrace.errors import UsageError
 from hybridtrace.schema import SCHEMA_VERSION, TABLES, TableSchema, table_schema
+from hybridtrace.storage import BucketRoot, LeaseHeld, LocalRoot, root_of
 
 DEFAULT_STORE = "hybridtrace-data"
 _PART = re.compile(r"^part-(?P<batch>[0-9a-f]{32})(?:-\d+)?\.parquet$")
@@ -43,120 +44,99 @@ def new_batch_id() -> str:
     return uuid.uuid4().hex
 
 
-def _write_atomic(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", compression_level=1)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    # The rename itself must reach the disk before anything that depends on it.
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 def _partition_dir(value: object) -> str:
     # Engine ids can hold any character; keep directory names safe and reversible.
     return quote(str(value), safe="")
 
 
 class Store:
-    """A local store root. Bucket-backed stores come with the bucket issue."""
+    """A store root: a local folder, or a bucket prefix (``s3://…``, ``gs://…``)."""
 
     def __init__(self, root: str | Path) -> None:
-        text = str(root)
-        if "://" in text:
-            raise UsageError(f"{text}: bucket stores are not supported yet; use a local path")
-        self.root = Path(root)
+        self.location = str(root)
+        self.files = root_of(root)
+        self.is_bucket = isinstance(self.files, BucketRoot)
+        # local stores keep a Path for callers that want one
+        self.root = Path(root) if not self.is_bucket else None
+
+    def __str__(self) -> str:
+        return self.files.display
 
     # --- layout -----------------------------------------------------------------------
 
     def init(self) -> None:
         self.check_version()
-        self.root.mkdir(parents=True, exist_ok=True)
-        meta = self.root / "_meta.json"
-        if not meta.exists():
-            tmp = meta.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
-            os.replace(tmp, meta)
+        self.files.make()
+        if not self.files.exists("_meta.json"):
+            self.files.write_text("_meta.json", json.dumps({"schema_version": SCHEMA_VERSION}))
 
     @property
     def schema_version(self) -> int | None:
-        meta = self.root / "_meta.json"
-        if not meta.exists():
+        if not self.files.exists("_meta.json"):
             return None
-        return int(json.loads(meta.read_text())["schema_version"])
+        return int(json.loads(self.files.read_text("_meta.json"))["schema_version"])
 
     @contextlib.contextmanager
-    def writer_lock(self) -> Iterator[None]:
-        """Hold the store's writer lock: one ingest at a time (a crashed one releases it)."""
-        import fcntl
+    def writer_lock(self, lease_s: float = 600.0) -> Iterator[None]:
+        """Hold the store's writer lock: one ingest at a time (a crashed one releases it).
 
-        handle = open(self.root / ".writer.lock", "a")  # noqa: SIM115 - closed below
+        A file lock locally; in a bucket, a lease renewed while the ingest runs.
+        """
         try:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                raise UsageError(
-                    f"{self.root}: another ingest is writing to this store; try again when it ends"
-                ) from exc
-            yield
-        finally:
-            handle.close()
+            with self.files.lock(".writer.lock", lease_s, "another ingest is writing to this store; "
+                                 "try again when it ends"):  # fmt: skip
+                yield
+        except LeaseHeld as held:
+            raise UsageError(str(held)) from None
 
     def check_version(self) -> None:
         version = self.schema_version
         if version is not None and version > SCHEMA_VERSION:
             raise UsageError(
-                f"{self.root}: written by a newer hybridtrace (store schema {version}, this one reads "
+                f"{self}: written by a newer hybridtrace (store schema {version}, this one reads "
                 f"up to {SCHEMA_VERSION}); upgrade hybridtrace"
             )
 
     def exists(self) -> bool:
-        return (self.root / "_meta.json").exists()
+        return self.files.exists("_meta.json")
 
-    def _files(self, table: str) -> list[Path]:
-        directory = self.root / table
-        if not directory.exists():
-            return []
-        return sorted(p for p in directory.rglob("part-*.parquet") if _PART.match(p.name))
+    def _files(self, table: str) -> list[str]:
+        return [f for f in self.files.list_files(table) if _PART.match(f.rsplit("/", 1)[-1])]
 
     def committed_batches(self) -> set[str]:
         batches = set()
-        for path in self._files("sources"):
-            match = _PART.match(path.name)
+        for rel in self._files("sources"):
+            match = _PART.match(rel.rsplit("/", 1)[-1])
             if match:
                 batches.add(match.group("batch"))
         return batches
 
-    def committed_files(self, table: str, batches: set[str] | None = None) -> list[Path]:
+    def committed_files(self, table: str, batches: set[str] | None = None) -> list[str]:
+        """Paths (relative to the root) of the table's files in committed batches."""
         batches = self.committed_batches() if batches is None else batches
         out = []
-        for path in self._files(table):
-            match = _PART.match(path.name)
+        for rel in self._files(table):
+            match = _PART.match(rel.rsplit("/", 1)[-1])
             if match and match.group("batch") in batches:
-                out.append(path)
+                out.append(rel)
         return out
 
     def recover(self) -> int:
         """Remove what an interrupted batch left behind; returns how many files went."""
-        if not self.root.exists():
+        if not self.exists():
             return 0
         batches = self.committed_batches()
         removed = 0
-        for tmp in self.root.rglob("*.tmp"):
-            tmp.unlink(missing_ok=True)
+        for tmp in self.files.leftovers():
+            self.files.delete(tmp)
             removed += 1
         for table in TABLES:
             if table == "sources":
                 continue
-            for path in self._files(table):
-                match = _PART.match(path.name)
+            for rel in self._files(table):
+                match = _PART.match(rel.rsplit("/", 1)[-1])
                 if match and match.group("batch") not in batches:
-                    path.unlink(missing_ok=True)
+                    self.files.delete(rel)
                     removed += 1
         return removed
 
@@ -168,20 +148,20 @@ class Store:
             if data.num_rows:
                 self._write_table(batch_id, table_schema(name), data)
         schema = table_schema("sources")
-        _write_atomic(schema.conform(sources), self.root / "sources" / f"part-{batch_id}.parquet")
+        self.files.write_parquet(schema.conform(sources), f"sources/part-{batch_id}.parquet")
 
-    def _partitions(self, schema: TableSchema, data: pa.Table) -> list[tuple[Path, pa.Table]]:
-        """(directory, rows) per partition of ``data``."""
+    def _partitions(self, schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]]:
+        """(directory relative to the root, rows) per partition of ``data``."""
         if not schema.partition:
-            return [(self.root / schema.name, data)]
+            return [(schema.name, data)]
         combos = data.group_by(list(schema.partition), use_threads=False).aggregate([]).to_pylist()
         out = []
         for combo in combos:
-            directory = self.root / schema.name
+            directory = schema.name
             mask = None
             for column in schema.partition:
                 value = combo[column]
-                directory = directory / f"{column}={_partition_dir(value)}"
+                directory = f"{directory}/{column}={_partition_dir(value)}"
                 if len(combos) > 1:
                     test = pc.is_null(data[column]) if value is None else pc.equal(data[column], value)
                     mask = test if mask is None else pc.and_(mask, test)
@@ -191,7 +171,7 @@ class Store:
     def _write_table(self, batch_id: str, schema: TableSchema, data: pa.Table) -> None:
         data = schema.conform(data)
         for n, (directory, part) in enumerate(self._partitions(schema, data)):
-            _write_atomic(part, directory / f"part-{batch_id}-{n}.parquet")
+            self.files.write_parquet(part, f"{directory}/part-{batch_id}-{n}.parquet")
 
     # --- reading ----------------------------------------------------------------------
 
@@ -204,12 +184,12 @@ class Store:
             schema = table_schema(name)
             files = self.committed_files(name, batches)
             if files:
-                listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-                columns = _select_list(schema, files)
-                con.execute(
-                    f"CREATE VIEW {schema.view} AS SELECT {columns} FROM "
-                    f"read_parquet([{listing}], union_by_name = true, hive_partitioning = false)"
-                )
+                source = self.files.scan(con, name, files, schema.arrow_schema())
+                if isinstance(self.files, LocalRoot):
+                    columns = _select_list(schema, self.files, files)
+                else:  # the dataset's schema already gives a missing column as null
+                    columns = _all_columns(schema)
+                con.execute(f"CREATE VIEW {schema.view} AS SELECT {columns} FROM {source}")
             else:
                 con.execute(f"CREATE VIEW {schema.view} AS {schema.empty_select()}")
         from hybridtrace.attach import engine_models
@@ -231,11 +211,10 @@ class Store:
         the key's time (or line) column, so the cost follows the batch, not the store.
         """
         schema = table_schema(table)
-        directories = {str(d) + os.sep for d, _ in self._partitions(schema, data)}
-        files = [p for p in self.committed_files(table) if any(str(p).startswith(d) for d in directories)]
+        directories = {d + "/" for d, _ in self._partitions(schema, data)}
+        files = [f for f in self.committed_files(table) if any(f.startswith(d) for d in directories)]
         if not files or not schema.key:
             return None
-        listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
         where = ""
         ranged = next((c for c in ("ts", "end_ts", "line_number") if c in schema.key), None)
         if ranged is not None:
@@ -246,9 +225,8 @@ class Store:
                     where += f" OR {ranged} IS NULL"
         con = duckdb.connect(":memory:")
         try:
-            return con.sql(
-                f"SELECT {', '.join(schema.key)} FROM read_parquet([{listing}], union_by_name = true){where}"
-            ).to_arrow_table()
+            source = self.files.scan(con, table, files, schema.arrow_schema())
+            return con.sql(f"SELECT {', '.join(schema.key)} FROM {source}{where}").to_arrow_table()
         finally:
             con.close()
 
@@ -257,14 +235,18 @@ class Store:
         schema = table_schema("sources")
         if not files:
             return schema.arrow_schema().empty_table()
-        return pa.concat_tables([schema.conform(pq.read_table(p)) for p in files])
+        return pa.concat_tables([schema.conform(self.files.read_table(f)) for f in files])
 
 
-def _select_list(schema: TableSchema, files: list[Path]) -> str:
+def _all_columns(schema: TableSchema) -> str:
+    return ", ".join(column.name for column in schema.columns)
+
+
+def _select_list(schema: TableSchema, root: LocalRoot, files: list[str]) -> str:
     """Columns of ``schema``; one that older files lack reads as NULL, so old stores open."""
     present: set[str] = set()
-    for path in files:
-        present.update(pq.read_schema(path).names)
+    for rel in files:
+        present.update(root.parquet_schema(rel).names)
     parts = []
     for column in schema.columns:
         if column.name in present:

@@ -1,0 +1,288 @@
+"""Where a store's files live: a local folder or a bucket prefix, behind one small interface.
+
+The store (``store.py``) speaks in paths relative to its root ("transfers/day=…/part-….
+parquet"); a root turns them into files. Locally a write goes to a temporary name, is
+fsynced and renamed, so a reader never sees half a file. In a bucket an object appears
+whole when its upload completes, so a write is one upload. Either way the store's
+commit record (its ``sources`` file) is written last.
+
+Buckets have no file locks, so a bucket root offers a lease instead: a small lock object
+naming its holder and an expiry, renewed while the holder works. A holder that dies
+stops renewing, and the lease expires. Object stores give no atomic create through
+pyarrow, so taking a lease is write, wait, read back: of two runs racing, the one whose
+write landed last keeps it and the other steps aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from hybridtrace.buckets import Bucket, bucket, is_bucket, redact
+from hybridtrace.errors import UsageError
+
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
+LEASE_SETTLE_S = float(os.environ.get("HYBRIDTRACE_LEASE_SETTLE_S", "2"))
+
+
+class LeaseHeld(UsageError):
+    """Another holder has the lease; ``holder`` says who and until when."""
+
+    def __init__(self, message: str, holder: dict) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class LocalRoot:
+    """A store in a local folder."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.display = str(self.path)
+
+    def full(self, rel: str) -> str:
+        return str(self.path / rel)
+
+    def exists(self, rel: str) -> bool:
+        return (self.path / rel).exists()
+
+    def read_text(self, rel: str) -> str:
+        return (self.path / rel).read_text()
+
+    def make(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def write_text(self, rel: str, text: str) -> None:
+        target = self.path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+
+    def write_parquet(self, table: pa.Table, rel: str) -> None:
+        path = self.path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(table, tmp, **PARQUET_OPTIONS)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        # The rename itself must reach the disk before anything that depends on it.
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        base = self.path / rel
+        if not base.exists():
+            return []
+        return sorted(str(p.relative_to(self.path)) for p in base.rglob(pattern))
+
+    def leftovers(self) -> list[str]:
+        """Temporary files a killed write left."""
+        if not self.path.exists():
+            return []
+        return [str(p.relative_to(self.path)) for p in self.path.rglob("*.tmp")]
+
+    def delete(self, rel: str) -> None:
+        (self.path / rel).unlink(missing_ok=True)
+
+    def parquet_schema(self, rel: str) -> pa.Schema:
+        return pq.read_schema(self.path / rel)
+
+    def read_table(self, rel: str) -> pa.Table:
+        return pq.read_table(self.path / rel)
+
+    def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
+        """A FROM clause over ``files`` (DuckDB reads local Parquet itself)."""
+        listing = ", ".join("'" + self.full(f).replace("'", "''") + "'" for f in files)
+        return f"read_parquet([{listing}], union_by_name = true, hive_partitioning = false)"
+
+    @contextlib.contextmanager
+    def lock(self, name: str, lease_s: float, what: str) -> Iterator[dict]:
+        """An exclusive file lock; the system releases it when the holder dies."""
+        import fcntl
+
+        self.make()
+        handle = open(self.path / name, "a+")  # noqa: SIM115 - closed below
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                try:
+                    holder = json.loads(handle.read() or "{}")
+                except ValueError:
+                    holder = {}
+                raise LeaseHeld(f"{self.display}: {what}", holder) from None
+            holder = _holder(lease_s)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(holder))
+            handle.flush()
+            yield holder
+        finally:
+            handle.close()
+
+
+class BucketRoot:
+    """A store under a bucket prefix (s3://… or gs://…)."""
+
+    def __init__(self, where: Bucket) -> None:
+        self.where = where
+        self.fs = where.filesystem
+        self.display = where.uri
+
+    def full(self, rel: str) -> str:
+        return f"{self.where.path}/{rel}"
+
+    def _guard(self, action: str, error: Exception) -> UsageError:
+        return UsageError(f"{self.display}: cannot {action}: {redact(str(error))}")
+
+    def exists(self, rel: str) -> bool:
+        try:
+            return self.fs.get_file_info(self.full(rel)).type == pafs.FileType.File
+        except OSError as exc:
+            raise self._guard("read the store", exc) from exc
+
+    def read_text(self, rel: str) -> str:
+        try:
+            with self.fs.open_input_file(self.full(rel)) as handle:
+                return handle.read().decode()
+        except OSError as exc:
+            raise self._guard(f"read {rel}", exc) from exc
+
+    def make(self) -> None:
+        bucket_name = self.where.path.split("/", 1)[0]
+        try:
+            if self.fs.get_file_info(bucket_name).type == pafs.FileType.NotFound:
+                raise UsageError(f"{self.where.scheme}://{bucket_name}: no such bucket")
+        except OSError as exc:
+            raise self._guard("reach the bucket", exc) from exc
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        try:
+            with self.fs.open_output_stream(self.full(rel), compression=None) as out:
+                out.write(data)
+        except OSError as exc:
+            raise self._guard(f"write {rel}", exc) from exc
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode())
+
+    def write_parquet(self, table: pa.Table, rel: str) -> None:
+        # One upload: the object is visible only once complete, so no temporary name.
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **PARQUET_OPTIONS)
+        self.write_bytes(rel, sink.getvalue().to_pybytes())
+
+    def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        import fnmatch
+
+        base = self.full(rel)
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        except OSError as exc:
+            raise self._guard("list the store", exc) from exc
+        prefix = self.where.path + "/"
+        out = [
+            info.path[len(prefix):]
+            for info in infos
+            if info.type == pafs.FileType.File and fnmatch.fnmatch(info.path.rsplit("/", 1)[-1], pattern)
+        ]
+        return sorted(out)
+
+    def leftovers(self) -> list[str]:
+        return []  # uploads are whole or absent
+
+    def delete(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.full(rel))
+
+    def parquet_schema(self, rel: str) -> pa.Schema:
+        return pq.read_schema(self.full(rel), filesystem=self.fs)
+
+    def read_table(self, rel: str) -> pa.Table:
+        return pq.read_table(self.full(rel), filesystem=self.fs)
+
+    def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
+        """A FROM clause over ``files``: a pyarrow dataset registered with DuckDB.
+
+        DuckDB cannot reach buckets itself here (no httpfs), so pyarrow reads them; the
+        dataset's schema is the table's, so a column older files lack reads as null.
+        """
+        paths = [self.full(f) for f in files]
+        dataset = pads.dataset(paths, filesystem=self.fs, format="parquet", schema=schema)
+        con.register(f"_files_{name}", dataset)
+        return f"_files_{name}"
+
+    @contextlib.contextmanager
+    def lock(self, name: str, lease_s: float, what: str) -> Iterator[dict]:
+        """A lease: held while renewed, taken over once expired."""
+        rel = name
+        if self.exists(rel):
+            current = _parse(self.read_text(rel))
+            if current.get("expires", 0) > time.time():
+                raise LeaseHeld(f"{self.display}: {what}", current)
+        mine = _holder(lease_s)
+        self.write_text(rel, json.dumps(mine))
+        time.sleep(LEASE_SETTLE_S)  # let a racing writer land; the last write wins
+        current = _parse(self.read_text(rel)) if self.exists(rel) else {}
+        if current.get("token") != mine["token"]:
+            raise LeaseHeld(f"{self.display}: {what}", current)
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(max(lease_s / 3, 0.5)):
+                mine["expires"] = time.time() + lease_s
+                with contextlib.suppress(UsageError):
+                    self.write_text(rel, json.dumps(mine))
+
+        keeper = threading.Thread(target=renew, name="hybridtrace-lease", daemon=True)
+        keeper.start()
+        try:
+            yield mine
+        finally:
+            stop.set()
+            keeper.join()
+            with contextlib.suppress(UsageError, OSError):
+                if _parse(self.read_text(rel)).get("token") == mine["token"]:
+                    self.delete(rel)
+
+
+def _holder(lease_s: float) -> dict:
+    now = time.time()
+    return {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex,
+            "started": now, "expires": now + lease_s}  # fmt: skip
+
+
+def _parse(text: str) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def root_of(location: str | Path) -> LocalRoot | BucketRoot:
+    text = str(location)
+    if text.startswith("file://"):
+        from urllib.parse import urlsplit
+
+        text = urlsplit(text).path
+    return BucketRoot(bucket(text)) if is_bucket(text) else LocalRoot(text)
