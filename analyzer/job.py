@@ -4,8 +4,8 @@ One run reads what is new under the configured inputs (folders or bucket prefixe
 updates the store, runs the analysis, writes the report (to a path or a bucket) and
 returns an exit code by the configured policy, with a one-line JSON summary for the
 scheduler's log. A run lock keeps overlapping runs apart: the second one steps aside
-(status ``skipped``) unless the holder has held the lock longer than its lease, which
-means a stuck run — then it fails loudly (exit 2) so the schedule alerts.
+(status ``skipped``) unless the holder has run longer than ``max_run_s``, which means a
+stuck run — then it fails loudly (exit 2) so the schedule alerts.
 
 The job file::
 
@@ -15,7 +15,7 @@ The job file::
     tz = "UTC"                          # optional: time zone of vLLM log stamps
 
     [store]
-    path = "/var/lib/hybridtrace/store"
+    path = "/var/lib/hybridtrace/store"                # or a bucket prefix: s3://…, gs://…
 
     [report]
     html = "s3://telemetry/reports/hybridtrace.html"   # a path or a bucket URI
@@ -24,7 +24,8 @@ The job file::
     [alert]
     fail_on = ["transfer_failed", "kv_expired"]        # or "any"; exit 1 when found
     strict = true                                      # exit 2 when nothing was analyzable
-    lease_s = 3600                                     # a lock older than this is a stuck run
+    lease_s = 300                                      # a dead run's lock expires after this (buckets)
+    max_run_s = 3600                                   # a run holding the lock longer is stuck
 
     [thresholds]                                       # optional, as in hybridtrace.toml
     slow_rank_ratio = 0.6
@@ -33,10 +34,6 @@ The job file::
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
-import os
-import socket
 import time
 import tomllib
 from collections.abc import Iterator
@@ -46,6 +43,7 @@ from pathlib import Path
 from hybridtrace.buckets import bucket, is_bucket, redact
 from hybridtrace.errors import UsageError
 from hybridtrace.kinds import KINDS
+from hybridtrace.storage import LeaseHeld, root_of
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -61,7 +59,8 @@ class JobConfig:
     markdown: str | None = None
     fail_on: set[str] = field(default_factory=set)
     strict: bool = False
-    lease_s: float = 3600.0
+    lease_s: float = 300.0
+    max_run_s: float = 3600.0
     thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
 
 
@@ -114,13 +113,14 @@ def load_job(path: str | Path) -> JobConfig:
         markdown=report.get("markdown"),
         fail_on=kinds,
         strict=bool(alert.get("strict", False)),
-        lease_s=float(alert.get("lease_s", 3600)),
+        lease_s=float(alert.get("lease_s", 300)),
+        max_run_s=float(alert.get("max_run_s", 3600)),
         thresholds_file=str(path) if "thresholds" in raw else None,
     )
 
 
 class Busy(Exception):
-    """Another run holds the lock (``stuck`` when it has held it past its lease)."""
+    """Another run holds the lock (``stuck`` when it has run longer than ``max_run_s``)."""
 
     def __init__(self, holder: dict, stuck: bool) -> None:
         super().__init__(holder)
@@ -128,33 +128,19 @@ class Busy(Exception):
 
 
 @contextlib.contextmanager
-def run_lock(store: str, lease_s: float) -> Iterator[None]:
-    """Hold the store's run lock for a whole run; a dead run's lock is released by the OS.
+def run_lock(store: str, lease_s: float, max_run_s: float = 3600.0) -> Iterator[None]:
+    """Hold the store's run lock for a whole run.
 
-    The lock file names its holder (host, pid, start), so the next run can tell a long
-    run from a stuck one.
+    A file lock for a local store (the system releases it when a run dies); a lease for
+    a bucket store (renewed while the run lives, expired ``lease_s`` after it dies). The
+    lock names its holder and start, so the next run can tell a long run from a stuck one.
     """
-    root = Path(store)
-    root.mkdir(parents=True, exist_ok=True)
-    handle = open(root / ".run.lock", "a+")  # noqa: SIM115 - closed below
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            try:
-                holder = json.loads(handle.read() or "{}")
-            except ValueError:
-                holder = {}
-            held = time.time() - float(holder.get("started", time.time()))
-            raise Busy(holder, stuck=held > lease_s) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}))
-        handle.flush()
-        yield
-    finally:
-        handle.close()
+        with root_of(store).lock(".run.lock", lease_s, "an earlier run still holds the run lock"):
+            yield
+    except LeaseHeld as held:
+        started = float(held.holder.get("started", time.time()))
+        raise Busy(held.holder, stuck=time.time() - started > max_run_s) from None
 
 
 def _publish(local: Path, target: str) -> str:
@@ -185,10 +171,8 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
 
     started = time.monotonic()
     summary: dict = {"status": "ok", "store": config.store}
-    if is_bucket(config.store):
-        raise UsageError(f"{config.store}: the job keeps its store on a local path for now")
     try:
-        with run_lock(config.store, config.lease_s):
+        with run_lock(config.store, config.lease_s, config.max_run_s):
             ingested = ingest(config.paths, config.store, year=config.year, tz=config.tz, model=config.model)
             summary["objects"] = {
                 "seen": ingested.objects_seen, "read": ingested.objects_read,

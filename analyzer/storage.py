@@ -35,7 +35,11 @@ from hybridtrace.buckets import Bucket, bucket, is_bucket, redact
 from hybridtrace.errors import UsageError
 
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
-LEASE_SETTLE_S = float(os.environ.get("HYBRIDTRACE_LEASE_SETTLE_S", "2"))
+
+
+def _settle_s() -> float:
+    """How long a new lease waits for a racing writer (HYBRIDTRACE_LEASE_SETTLE_S, default 2 s)."""
+    return float(os.environ.get("HYBRIDTRACE_LEASE_SETTLE_S", "2"))
 
 
 class LeaseHeld(UsageError):
@@ -241,7 +245,7 @@ class BucketRoot:
                 raise LeaseHeld(f"{self.display}: {what}", current)
         mine = _holder(lease_s)
         self.write_text(rel, json.dumps(mine))
-        time.sleep(LEASE_SETTLE_S)  # let a racing writer land; the last write wins
+        time.sleep(_settle_s())  # let a racing writer land; the last write wins
         current = _parse(self.read_text(rel)) if self.exists(rel) else {}
         if current.get("token") != mine["token"]:
             raise LeaseHeld(f"{self.display}: {what}", current)

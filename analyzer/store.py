@@ -77,11 +77,13 @@ class Store:
         return int(json.loads(self.files.read_text("_meta.json"))["schema_version"])
 
     @contextlib.contextmanager
-    def writer_lock(self, lease_s: float = 600.0) -> Iterator[None]:
+    def writer_lock(self, lease_s: float | None = None) -> Iterator[None]:
         """Hold the store's writer lock: one ingest at a time (a crashed one releases it).
 
-        A file lock locally; in a bucket, a lease renewed while the ingest runs.
+        A file lock locally; in a bucket, a lease renewed while the ingest runs, which
+        expires ``lease_s`` (HYBRIDTRACE_LEASE_S, default 60 s) after a killed run.
         """
+        lease_s = lease_s or float(os.environ.get("HYBRIDTRACE_LEASE_S", "60"))
         try:
             with self.files.lock(".writer.lock", lease_s, "another ingest is writing to this store; "
                                  "try again when it ends"):  # fmt: skip

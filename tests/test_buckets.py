@@ -190,3 +190,68 @@ def test_bad_bucket_uris_are_clear_and_keep_secrets(server, tmp_path):
     assert not secret or secret not in str(missing.value)
     # an empty prefix is no error: nothing to read yet
     assert ingest([server.uri("telemetry/empty")], tmp_path / "store").objects_seen == 0
+
+
+@pytest.fixture
+def fast_leases(monkeypatch):
+    """Leases that settle and expire in seconds, so a killed run's lease is gone quickly."""
+    quick = {"HYBRIDTRACE_LEASE_SETTLE_S": "0.3", "HYBRIDTRACE_LEASE_S": "3"}
+    for name, value in quick.items():
+        monkeypatch.setenv(name, value)
+    return quick
+
+
+def test_store_in_the_bucket(server, tmp_path, fast_leases):
+    if server.scheme == "file":
+        pytest.skip("a local store is every other test")
+    from hybridtrace.report import collect, render_html
+
+    objects = initial_objects()
+    for name, data in objects.items():
+        server.put(f"telemetry/logs/{name}", data)
+    prefix, store = server.uri("telemetry/logs"), server.uri("telemetry/store")
+    first = ingest([prefix], store)
+    assert first.objects_read == len(objects)
+    assert ingest([prefix], store).objects_read == 0  # the manifest in the bucket says: unchanged
+
+    local, clean = tmp_path / "mirror", tmp_path / "clean"
+    _mirror(local, objects)
+    ingest([local], clean)
+    want = _all_rows(clean)
+    got = _all_rows(store)
+    for table in want:
+        assert got[table] == want[table], table
+    html = render_html(collect(Store(store).connect(), store=store))
+    assert "hybridtrace report" in html
+
+    # a run killed mid-way leaves a readable store; once its lease expires, the next completes it
+    killed = server.uri("telemetry/killed")
+    tiny = {"HYBRIDTRACE_BATCH_OBJECTS": "1", "HYBRIDTRACE_BATCH_ROWS": "20",
+            "HYBRIDTRACE_CHUNK_BYTES": "2048"}  # fmt: skip
+    env = servers.environ_with({**server.env, **fast_leases, **tiny})
+    process = subprocess.Popen(_command(prefix, killed), env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(2.0)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    Store(killed).connect()
+    busy = subprocess.run(_command(prefix, killed), env=env, capture_output=True, text=True)
+    assert busy.returncode in (0, 2) and "Traceback" not in busy.stderr
+    time.sleep(3.5)  # the dead run's lease has expired
+    subprocess.run(_command(prefix, killed), env=env, check=True, capture_output=True)
+    got = _all_rows(killed)
+    for table in want:
+        assert got[table] == want[table], ("killed", table)
+
+    # two runs at once: one writes, the other steps aside; the store stays whole
+    both = server.uri("telemetry/both")
+    runs = [subprocess.Popen(_command(prefix, both), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]  # fmt: skip
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0 or (run.returncode == 2 and "another ingest is writing" in err), err
+    time.sleep(3.5)
+    subprocess.run(_command(prefix, both), env=env, check=True, capture_output=True)
+    got = _all_rows(both)
+    for table in want:
+        assert got[table] == want[table], ("concurrent", table)

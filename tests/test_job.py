@@ -86,14 +86,14 @@ html = "s3://telemetry/reports/latest.html"
 
 
 def test_overlapping_runs_step_aside_and_a_stuck_one_alerts(tmp_path, bundle):
-    config = JobConfig(paths=[str(bundle)], store=str(tmp_path / "store"), lease_s=3600)
+    config = JobConfig(paths=[str(bundle)], store=str(tmp_path / "store"))
     with run_lock(config.store, config.lease_s):
         code, summary = run_job(config)
         assert (code, summary["status"]) == (0, "skipped") and summary["holder"]["pid"]
-        config.lease_s = 0  # the holder is past its lease: a stuck run
+        config.max_run_s = 0  # the holder has run longer than a run may: stuck
         code, summary = run_job(config)
         assert (code, summary["status"]) == (2, "stuck")
-    config.lease_s = 3600
+    config.max_run_s = 3600
     code, summary = run_job(config)  # released: this one runs
     assert code == 0 and summary["status"] == "ok"
 
