@@ -149,18 +149,14 @@ class ObjectRef:
         except OSError as exc:
             raise OSError(redact(str(exc))) from None
 
-    def head(self, n: int) -> tuple[bytes, str | None]:
-        """The first ``n`` bytes, and the object's version: ETag (S3) or generation (GCS)."""
-        with self.open() as handle:
-            data = handle.read(n)
-            version = None
-            if self.local is None:
-                meta = handle.metadata() or {}  # type: ignore[attr-defined]
-                keys = ("generation", "ETag", b"generation", b"ETag")
-                raw = next((meta[k] for k in keys if meta.get(k)), None)
-                if raw is not None:
-                    version = (raw.decode() if isinstance(raw, bytes) else str(raw)).strip('"')
-        return data, version
+    def version(self, handle: BinaryIO) -> str | None:
+        """The object's version from an open handle: ETag (S3) or generation (GCS); None locally."""
+        if self.local is not None:
+            return None
+        meta = handle.metadata() or {}  # type: ignore[attr-defined]
+        keys = ("generation", "ETag", b"generation", b"ETag")
+        raw = next((meta[k] for k in keys if meta.get(k)), None)
+        return None if raw is None else (raw.decode() if isinstance(raw, bytes) else str(raw)).strip('"')
 
 
 def _visible(name: str) -> bool:

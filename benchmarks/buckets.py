@@ -43,7 +43,8 @@ def main() -> None:
         started = time.perf_counter()
 
         def put(i: int) -> None:
-            name = f"telemetry/fleet/engine-{i // 10:04d}/" + ("vllm.log" if i % 2 else f"trace-{i}.jsonl")
+            leaf = f"vllm-{i}.log" if i % 2 else f"trace-{i}.jsonl"
+            name = f"telemetry/fleet/engine-{i // 10:04d}/{leaf}"
             server.put(name, log if i % 2 else trace)
 
         with ThreadPoolExecutor(16) as pool:

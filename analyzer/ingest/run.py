@@ -104,13 +104,12 @@ def _fingerprint(head: bytes) -> str:
     return hashlib.sha256(head[:FINGERPRINT_BYTES]).hexdigest()[:32]
 
 
-def _finishes_counted_line(obj: ObjectRef, offset: int) -> bool:
+def _finishes_counted_line(handle: BinaryIO, offset: int) -> bool:
     """True when the last read took an unterminated line and the byte at ``offset`` ends it."""
     if offset < 1:
         return False
-    with obj.open() as handle:
-        handle.seek(offset - 1)
-        before, at = handle.read(1), handle.read(1)
+    handle.seek(offset - 1)
+    before, at = handle.read(1), handle.read(1)
     return before != b"\n" and at == b"\n"
 
 
@@ -132,20 +131,19 @@ class _Gunzip(gzip.GzipFile):
             self._raw.close()
 
 
-def _open_at(obj: ObjectRef, start: int, compressed: bool) -> BinaryIO:
-    """The object's (decompressed) bytes from ``start``."""
-    raw = obj.open()
-    if compressed:
-        handle: BinaryIO = _Gunzip(raw)  # type: ignore[assignment]
-        remaining = start
-        while remaining:
-            skipped = handle.read(min(remaining, CHUNK_BYTES))
-            if not skipped:
-                break
-            remaining -= len(skipped)
-        return handle
-    raw.seek(start)
-    return raw
+def _from(raw: BinaryIO, start: int, compressed: bool) -> BinaryIO:
+    """The (decompressed) bytes of an open object from ``start``; closing it closes ``raw``."""
+    raw.seek(0 if compressed else start)
+    if not compressed:
+        return raw
+    handle: BinaryIO = _Gunzip(raw)  # type: ignore[assignment]
+    remaining = start
+    while remaining:
+        skipped = handle.read(min(remaining, CHUNK_BYTES))
+        if not skipped:
+            break
+        remaining -= len(skipped)
+    return handle
 
 
 def _seekable_line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
@@ -334,12 +332,15 @@ class _Ingest:
             self.done_bytes += size
             return
         try:
-            head, version = obj.head(FINGERPRINT_BYTES)
+            # one open per object: in a bucket every open is a request
+            raw = obj.open()
+            head, version = raw.read(FINGERPRINT_BYTES), obj.version(raw)
         except OSError as exc:
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
             self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
             return
         if unchanged and version is not None and version == last["version"]:
+            raw.close()
             summary.objects_skipped += 1  # rewritten with the same content (same ETag)
             self.done_bytes += size
             return
@@ -358,12 +359,13 @@ class _Ingest:
             )
             if (same_object and last["status"] == "partial") or grown:
                 start, first_line = last["end_offset"], last["end_line"] + 1
-                if grown and _finishes_counted_line(obj, start):
+                if grown and _finishes_counted_line(raw, start):
                     start += 1  # the newline that ended the last line read (it had none then)
                 fmt, engine_id = last["format"], last["engine_id"]
         try:
-            handle = _open_at(obj, start, compressed)
+            handle = _from(raw, start, compressed)
         except OSError as exc:
+            raw.close()
             self.batch.sources.append(
                 self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown", version)
             )
