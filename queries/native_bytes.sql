@@ -59,7 +59,12 @@ fits AS (
                WHERE _block_offset(total_bytes - transfers * state_bytes - m * (padded_state_bytes - state_bytes),
                                    block_bytes) <= tolerance_bytes
            ) AS fitting
-    FROM (SELECT *, unnest(range(1, transfers)) AS m FROM sized)
+    -- only where all-or-nothing does not fit: the search costs one row per read
+    FROM (
+        SELECT *, unnest(range(1, transfers)) AS m FROM sized
+        WHERE _block_offset(total_bytes - transfers * state_bytes, block_bytes) > tolerance_bytes
+          AND _block_offset(total_bytes - transfers * padded_state_bytes, block_bytes) > tolerance_bytes
+    )
     GROUP BY interval_key
 )
 SELECT * EXCLUDE (interval_key),
