@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,10 @@ FINGERPRINT_BYTES = 4096
 CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
 BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "200000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
+# Small bucket objects are downloaded ahead of the parser (see _prefetch).
+PREFETCH_BYTES = 4 << 20
+PREFETCH_THREADS = 8
+PREFETCH_AHEAD = 32  # at most 32 × 4 MiB held
 # A last line without a newline in a file modified this recently may still be written.
 QUIET_SECONDS = 60.0
 DATA_TABLES = (
@@ -97,6 +102,43 @@ def _listing(paths: Iterable[str | Path]) -> tuple[list[str], list[ObjectRef]]:
                 seen.add(obj.uri)
                 objects.append(obj)
     return prefixes, objects
+
+
+def _fetch(obj: ObjectRef) -> tuple[bytes, str | None] | None:
+    """A small bucket object's bytes and version, or None (then it is read in place)."""
+    try:
+        with obj.open() as handle:
+            return handle.read(), obj.version(handle)
+    except OSError:
+        return None  # read in place later, where the error is recorded
+
+
+def _prefetch(
+    objects: list[ObjectRef], skip: Callable[[ObjectRef], bool]
+) -> Iterator[tuple[ObjectRef, tuple[bytes, str | None] | None]]:
+    """Each object with its bytes when it is a small bucket object that must be read.
+
+    A bucket read waits on the network far more than on the CPU, so small objects are
+    downloaded by a few threads ahead of the parser, at most PREFETCH_AHEAD at a time
+    (memory stays bounded). Local files and large objects are read in place, streamed.
+    """
+    def wanted(obj: ObjectRef) -> bool:
+        return obj.local is None and obj.size <= PREFETCH_BYTES and not skip(obj)
+
+    if not any(wanted(o) for o in objects):
+        yield from ((o, None) for o in objects)
+        return
+    with ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="hybridtrace-fetch") as pool:
+        pending: dict[int, Future] = {}
+        ahead = 0  # the next object to consider fetching
+        for i, obj in enumerate(objects):
+            ahead = max(ahead, i)
+            while ahead < len(objects) and len(pending) < PREFETCH_AHEAD:
+                if wanted(objects[ahead]):
+                    pending[ahead] = pool.submit(_fetch, objects[ahead])
+                ahead += 1
+            future = pending.pop(i, None)
+            yield obj, (future.result() if future is not None else None)
 
 
 def _fingerprint(head: bytes) -> str:
@@ -320,21 +362,36 @@ class _Ingest:
                           "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
         self.batch.add("models", table)
 
-    def object(self, obj: ObjectRef) -> None:
+    def listed_unchanged(self, obj: ObjectRef) -> bool:
+        """True when the listing alone says the object is as last read (nothing to open)."""
+        last = self.previous.get(obj.uri)
+        return bool(
+            last
+            and last["status"] not in ("partial", "deleted")
+            and last["size_bytes"] == obj.size
+            and last["mtime"] == obj.mtime
+        )
+
+    def object(self, obj: ObjectRef, fetched: tuple[bytes, str | None] | None = None) -> None:
+        """Read one object (``fetched``: its bytes and version, already downloaded)."""
         summary = self.summary
         summary.objects_seen += 1
         uri, size, mtime = obj.uri, obj.size, obj.mtime
         self.seen.add(uri)
         last = self.previous.get(uri)
         unchanged = last and last["status"] not in ("partial", "deleted") and last["size_bytes"] == size
-        if unchanged and last["mtime"] == mtime:  # the listing alone says: nothing new
+        if self.listed_unchanged(obj):
             summary.objects_skipped += 1
             self.done_bytes += size
             return
         try:
             # one open per object: in a bucket every open is a request
-            raw = obj.open()
-            head, version = raw.read(FINGERPRINT_BYTES), obj.version(raw)
+            if fetched is not None:
+                raw, version = io.BytesIO(fetched[0]), fetched[1]
+            else:
+                raw = obj.open()
+                version = obj.version(raw)
+            head = raw.read(FINGERPRINT_BYTES)
         except OSError as exc:
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
             self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
@@ -726,8 +783,8 @@ def ingest(
             run.explicit_model(model)
         run.progress = _Progress(progress, sum(o.size for o in objects))
         try:
-            for obj in objects:
-                run.object(obj)
+            for obj, fetched in _prefetch(objects, run.listed_unchanged):
+                run.object(obj, fetched)
             run.note_gone(prefixes)
             run.maybe_commit(force=True)
         finally:
