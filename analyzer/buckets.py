@@ -190,6 +190,15 @@ def list_bucket(location: Bucket) -> list[ObjectRef]:
         raise
     except OSError as exc:
         raise UsageError(f"{location.uri}: cannot list: {redact(str(exc))}") from exc
+    if not infos:
+        # an empty prefix is fine; a missing bucket is a mistake worth saying
+        name = location.path.split("/", 1)[0]
+        try:
+            missing = fs.get_file_info(name).type == pafs.FileType.NotFound
+        except OSError:
+            missing = False
+        if missing:
+            raise UsageError(f"{location.scheme}://{name}: no such bucket")
     out = []
     for item in infos:
         if item.type != pafs.FileType.File or not _visible(item.path):

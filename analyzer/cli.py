@@ -377,15 +377,20 @@ def run_command(
     """
     import json
 
+    from hybridtrace.buckets import redact
     from hybridtrace.job import load_job, run_job
 
     try:
         code, summary = run_job(load_job(config))
-    except HybridtraceError as exc:
-        # the scheduler's log still gets its one line; the reason goes to stderr as well
-        typer.echo(json.dumps({"status": "error", "message": str(exc)}, separators=(",", ":")))
-        typer.echo(f"hybridtrace: error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+    except Exception as exc:  # the scheduler gets its one line whatever went wrong
+        if _state["debug"]:
+            raise
+        message = redact(str(exc) or type(exc).__name__)
+        if not isinstance(exc, HybridtraceError):
+            message = f"{type(exc).__name__}: {message}"
+        typer.echo(json.dumps({"status": "error", "message": message}, separators=(",", ":")))
+        typer.echo(f"hybridtrace: error: {message}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(json.dumps(summary, separators=(",", ":"), default=str))
     raise typer.Exit(code)
 

@@ -103,6 +103,19 @@ def load_job(path: str | Path) -> JobConfig:
             raise UsageError(
                 f"{path}: [alert] fail_on: unknown kinds {sorted(bad)} (known: any, {', '.join(KINDS)})"
             )
+    def number(section: dict, key: str, default: float) -> float:
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"{path}: {key} must be a number of seconds, not {value!r}")
+        return float(value)
+
+    strict = alert.get("strict", False)
+    if not isinstance(strict, bool):
+        raise UsageError(f"{path}: [alert] strict must be true or false, not {strict!r}")
+    for key, value in (("html", report.get("html")), ("markdown", report.get("markdown")),
+                       ("model", inputs.get("model")), ("tz", inputs.get("tz"))):  # fmt: skip
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{path}: {key} must be a string, not {value!r}")
     return JobConfig(
         paths=list(paths),
         store=store["path"],
@@ -112,9 +125,9 @@ def load_job(path: str | Path) -> JobConfig:
         html=report.get("html"),
         markdown=report.get("markdown"),
         fail_on=kinds,
-        strict=bool(alert.get("strict", False)),
-        lease_s=float(alert.get("lease_s", 300)),
-        max_run_s=float(alert.get("max_run_s", 3600)),
+        strict=strict,
+        lease_s=number(alert, "lease_s", 300),
+        max_run_s=number(alert, "max_run_s", 3600),
         thresholds_file=str(path) if "thresholds" in raw else None,
     )
 
@@ -154,10 +167,14 @@ def _publish(local: Path, target: str) -> str:
             raise UsageError(f"{where.uri}: cannot write the report: {redact(str(exc))}") from exc
         return where.uri
     destination = Path(target)
-    destination.parent.mkdir(parents=True, exist_ok=True)
     staged = destination.with_name(destination.name + ".tmp")
-    staged.write_bytes(local.read_bytes())
-    staged.replace(destination)
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_bytes(local.read_bytes())
+        staged.replace(destination)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise UsageError(f"{destination}: cannot write the report: {exc.strerror or exc}") from exc
     return str(destination)
 
 

@@ -73,7 +73,10 @@ class LocalRoot:
         target = self.path / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, target)
 
     def write_parquet(self, table: pa.Table, rel: str) -> None:
@@ -244,18 +247,32 @@ class BucketRoot:
             if current.get("expires", 0) > time.time():
                 raise LeaseHeld(f"{self.display}: {what}", current)
         mine = _holder(lease_s)
-        self.write_text(rel, json.dumps(mine))
+        self.write_text(rel, json.dumps(_public(mine)))
         time.sleep(_settle_s())  # let a racing writer land; the last write wins
         current = _parse(self.read_text(rel)) if self.exists(rel) else {}
         if current.get("token") != mine["token"]:
             raise LeaseHeld(f"{self.display}: {what}", current)
         stop = threading.Event()
+        mine["lost"] = False
 
         def renew() -> None:
+            # Renew only while the lease is still ours; a holder that was paused past its
+            # lease finds another token there and stops (``check`` then refuses to commit).
             while not stop.wait(max(lease_s / 3, 0.5)):
-                mine["expires"] = time.time() + lease_s
-                with contextlib.suppress(UsageError):
-                    self.write_text(rel, json.dumps(mine))
+                try:
+                    current = _parse(self.read_text(rel)) if self.exists(rel) else {}
+                    if current.get("token") != mine["token"]:
+                        mine["lost"] = True
+                        return
+                    renewed = {**_public(mine), "expires": time.time() + lease_s}
+                    self.write_text(rel, json.dumps(renewed))
+                    mine["expires"] = renewed["expires"]
+                except (UsageError, OSError):
+                    if time.time() > mine["expires"]:
+                        mine["lost"] = True  # could not renew in time: assume another took over
+                        return
+
+        mine["check"] = lambda: self._still_held(rel, mine)
 
         keeper = threading.Thread(target=renew, name="hybridtrace-lease", daemon=True)
         keeper.start()
@@ -267,6 +284,23 @@ class BucketRoot:
             with contextlib.suppress(UsageError, OSError):
                 if _parse(self.read_text(rel)).get("token") == mine["token"]:
                     self.delete(rel)
+
+
+    def _still_held(self, rel: str, mine: dict) -> None:
+        """Refuse to go on (commit) unless the lease is still ours and unexpired."""
+        if mine.get("lost") or time.time() > mine["expires"]:
+            raise UsageError(f"{self.display}: this run lost the store's lease; nothing more is committed")
+        current = _parse(self.read_text(rel)) if self.exists(rel) else {}
+        if current.get("token") != mine["token"]:
+            mine["lost"] = True
+            raise UsageError(
+                f"{self.display}: another run took over the store's lease; nothing more is committed"
+            )
+
+
+def _public(holder: dict) -> dict:
+    """What the lock object says: who holds it, since and until when."""
+    return {k: holder[k] for k in ("host", "pid", "token", "started", "expires")}
 
 
 def _holder(lease_s: float) -> dict:

@@ -56,6 +56,7 @@ class Store:
         self.location = str(root)
         self.files = root_of(root)
         self.is_bucket = isinstance(self.files, BucketRoot)
+        self._lease_check = None  # set while a bucket writer holds its lease
         # local stores keep a Path for callers that want one
         self.root = Path(root) if not self.is_bucket else None
 
@@ -86,8 +87,12 @@ class Store:
         lease_s = lease_s or float(os.environ.get("HYBRIDTRACE_LEASE_S", "60"))
         try:
             with self.files.lock(".writer.lock", lease_s, "another ingest is writing to this store; "
-                                 "try again when it ends"):  # fmt: skip
-                yield
+                                 "try again when it ends") as held:  # fmt: skip
+                self._lease_check = held.get("check")
+                try:
+                    yield
+                finally:
+                    self._lease_check = None
         except LeaseHeld as held:
             raise UsageError(str(held)) from None
 
@@ -150,6 +155,8 @@ class Store:
             if data.num_rows:
                 self._write_table(batch_id, table_schema(name), data)
         schema = table_schema("sources")
+        if self._lease_check is not None:
+            self._lease_check()  # a bucket writer commits only while it still holds the lease
         self.files.write_parquet(schema.conform(sources), f"sources/part-{batch_id}.parquet")
 
     def _partitions(self, schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]]:

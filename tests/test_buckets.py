@@ -255,3 +255,46 @@ def test_store_in_the_bucket(server, tmp_path, fast_leases):
     got = _all_rows(both)
     for table in want:
         assert got[table] == want[table], ("concurrent", table)
+
+
+def test_same_content_uploaded_again_is_not_opened_again(server, tmp_path, monkeypatch):
+    if server.scheme != "s3":
+        pytest.skip("S3 keeps the ETag of identical content (GCS makes a new generation)")
+    data = initial_objects()["engine-0/vllm.log"]
+    server.put("telemetry/logs/vllm.log", data)
+    ingest([server.uri("telemetry/logs")], tmp_path / "s")
+    time.sleep(1.1)  # a new LastModified
+    server.put("telemetry/logs/vllm.log", data)
+    again = ingest([server.uri("telemetry/logs")], tmp_path / "s")
+    assert (again.objects_read, again.objects_skipped) == (0, 1)  # opened, same ETag: skipped
+
+    def refuse(self):
+        raise AssertionError("opened again")
+
+    monkeypatch.setattr(ObjectRef, "open", refuse)
+    assert ingest([server.uri("telemetry/logs")], tmp_path / "s").objects_skipped == 1
+
+
+def test_a_writer_that_lost_its_lease_commits_nothing(server, tmp_path, fast_leases):
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    from hybridtrace.schema import table_schema
+
+    store = Store(server.uri("telemetry/store"))
+    store.init()
+    with store.writer_lock():
+        # another run takes over (this one was paused past its lease, say)
+        other = {"token": "someone-else", "expires": 1e12}
+        server.put("telemetry/store/.writer.lock", json.dumps(other).encode())
+        with pytest.raises(UsageError, match="took over the store's lease"):
+            store.write_batch("0" * 32, {}, table_schema("sources").arrow_schema().empty_table())
+    assert store.committed_batches() == set()  # the commit record was never written
+
+
+def test_a_missing_bucket_under_a_prefix_is_an_error(server, tmp_path):
+    if server.scheme == "file":
+        pytest.skip("folders have their own error")
+    with pytest.raises(UsageError, match="no such bucket"):
+        ingest([server.uri("no-such-bucket/logs/")], tmp_path / "s")

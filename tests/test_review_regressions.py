@@ -122,3 +122,73 @@ def test_clear_errors_not_tracebacks(tmp_path, args):
         [sys.executable, "-m", "hybridtrace", *args], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr and "error" in result.stderr
+
+
+# --- second review: buckets, the job, the report ---------------------------------------
+
+
+def test_a_corrupt_gzip_is_marked_and_the_run_goes_on(tmp_path):
+    import gzip
+
+    data = tmp_path / "in"
+    (data / "a").mkdir(parents=True)
+    whole = gzip.compress(("\n".join(vllm_line(f"Engine 000: line {i}") for i in range(50)) + "\n").encode())
+    (data / "a" / "vllm.log.1.gz").write_bytes(whole[: len(whole) // 2])  # cut mid-stream
+    (data / "a" / "bad.log.gz").write_bytes(b"\x1f\x8b" + b"not gzip at all")
+    write_jsonl(data / "b" / "trace.jsonl", transfer_records(5))
+    summary = ingest([data], tmp_path / "s")
+    assert summary.rows["transfers"] == 10
+    con = Store(tmp_path / "s").connect()
+    errors = con.sql("SELECT uri, message FROM sources WHERE status = 'error'").fetchall()
+    assert sorted(Path(u).name for u, _ in errors) == ["bad.log.gz", "vllm.log.1.gz"]
+    assert all(m.startswith("cannot read") for _, m in errors)
+    ingest([data], tmp_path / "s")  # and again: marked, not fatal
+
+
+def test_a_held_back_last_line_is_read_once_the_file_is_quiet(tmp_path, monkeypatch):
+    import hybridtrace.ingest.run as run
+
+    log = tmp_path / "in" / "vllm.log"
+    log.parent.mkdir()
+    stats = "Engine 000: Avg prompt throughput: {}.0 tokens/s, Avg generation throughput: 1.0 tokens/s"
+    lines = [vllm_line(stats.format(i)) for i in range(3)]
+    log.write_text("\n".join(lines))  # no newline after the last line: it may still be written
+    monkeypatch.setattr(run, "QUIET_SECONDS", 3600.0)
+    first = ingest([log], tmp_path / "s")
+    events = "SELECT count(*) FROM log_events WHERE kind = 'engine_stats'"
+    assert Store(tmp_path / "s").connect().sql(events).fetchall()[0][0] == 2 and first.objects_read == 1
+    monkeypatch.setattr(run, "QUIET_SECONDS", 0.0)  # time passed; the file did not change
+    ingest([log], tmp_path / "s")
+    assert Store(tmp_path / "s").connect().sql(events).fetchall()[0][0] == 3
+
+
+def test_report_with_no_logical_bytes(tmp_path):
+    from hybridtrace.report import collect, render_html, render_markdown
+
+    records = [engine_record("decode-0", "decode", 2), *transfer_records(3)]
+    for record in records:
+        if record["type"] == "request":
+            record.pop("transferred_tokens", None)
+    write_jsonl(tmp_path / "in" / "trace.jsonl", records)
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    assert "hybridtrace report" in render_html(data) and render_markdown(data).startswith("### hybridtrace")
+
+
+def test_run_errors_are_one_json_line_and_exit_2(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out.html").mkdir()  # the report path is a folder
+    job = tmp_path / "job.toml"
+    job.write_text(f"[inputs]\npaths = ['{tmp_path / 'in'}']\n[store]\npath = '{tmp_path / 's'}'\n"
+                   f"[report]\nhtml = '{tmp_path / 'out.html'}'\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "hybridtrace", "run", "--config", str(job)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["status"] == "error"
+    assert not list(tmp_path.glob("*.tmp"))
+    job.write_text(f"[inputs]\npaths = ['{tmp_path / 'in'}']\n[store]\npath = 's'\n"
+                   "[alert]\nstrict = 'false'\n")  # fmt: skip
+    from hybridtrace.job import load_job
+
+    with pytest.raises(UsageError, match="strict must be true or false"):
+        load_job(job)

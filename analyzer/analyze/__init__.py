@@ -173,6 +173,8 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         "transported_bytes": transported,
         "transported_over_expected": transported / expected if expected else None,
         "transported_over_logical": transported / logical if logical else None,
+        "expected_over_logical": expected / logical if logical and expected is not None else None,
+        "reserved_over_logical": reserved / logical if logical and reserved is not None else None,
         "no_inputs": [
             name for name in ("transfers", "requests", "intervals", "log_events") if inputs[name] == 0
         ],

@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.buckets import ObjectRef, list_objects
+from hybridtrace.buckets import ObjectRef, list_objects, redact
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
@@ -384,6 +385,7 @@ class _Ingest:
             summary.objects_skipped += 1
             self.done_bytes += size
             return
+        raw = None
         try:
             # one open per object: in a bucket every open is a request
             if fetched is not None:
@@ -393,12 +395,21 @@ class _Ingest:
                 version = obj.version(raw)
             head = raw.read(FINGERPRINT_BYTES)
         except OSError as exc:
+            if raw is not None:
+                raw.close()
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
-            self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
+            self.batch.sources[-1].update(status="error", message=f"cannot read: {redact(str(exc))}")
             return
         if unchanged and version is not None and version == last["version"]:
             raw.close()
-            summary.objects_skipped += 1  # rewritten with the same content (same ETag)
+            # rewritten with the same content (same ETag): note the new time, so the next
+            # listing alone says unchanged
+            row = {**last, "source_id": _source_id(uri, size, mtime, last["start_offset"] or 0),
+                   "batch_id": self.batch.id, "mtime": mtime, "rows": "{}", "lines": 0, "rejects": 0,
+                   "duplicates": 0, "ingested_at": time.time(),
+                   "message": "rewritten, same version"}  # fmt: skip
+            self.batch.sources.append(row)
+            summary.objects_skipped += 1
             self.done_bytes += size
             return
         compressed = head[:2] == b"\x1f\x8b"
@@ -428,11 +439,15 @@ class _Ingest:
             )
             self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
             return
-        with handle:
-            summary.objects_read += 1
-            _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id).run(
-                handle, start, first_line
-            )
+        reader = _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
+        try:
+            with handle:
+                summary.objects_read += 1
+                reader.run(handle, start, first_line)
+        except (OSError, EOFError, zlib.error) as exc:
+            # a corrupt or truncated object (a cut .gz, a read that failed half-way): what was
+            # read stays, the object is marked, and the run goes on; the next run tries again
+            reader.fail(f"cannot read: {redact(str(exc)) or type(exc).__name__}")
         self.done_bytes += size
         self.progress.update(summary, self.done_bytes)
         self.maybe_commit()
@@ -488,12 +503,22 @@ class _ObjectReader:
         self.version = version
         self.fmt = fmt
         self.engine_id = engine_id
+        self.row: dict | None = None  # the manifest row of the slice being read
         self.log_ctx: vllm_log.LogContext | None = None
+
+    def fail(self, message: str) -> None:
+        """Close the read's open manifest row as an error (or add one)."""
+        row = self.row
+        if row is None or "counts" not in row:
+            row = self._new_row(self.row["end_offset"] if self.row else 0, 1)
+        self._close_row(row)
+        row.update(status="error", message=message, format=self.fmt or "unknown")
 
     def run(self, handle: BinaryIO, start: int, first_line: int) -> None:
         offset, line = start, first_line
         row = self._new_row(offset, line)
-        quiet = self.compressed or (time.time() - self.mtime) > QUIET_SECONDS
+        # a bucket object is whole once uploaded: no line of it is still being written
+        quiet = self.compressed or self.obj.local is None or (time.time() - self.mtime) > QUIET_SECONDS
         for lines, consumed, tail in _line_chunks(handle):
             final = not lines and not consumed
             if self.fmt is None:
@@ -529,6 +554,10 @@ class _ObjectReader:
             row.update(status="empty", format="empty")
         elif self.fmt == "unknown":
             row.update(status="unrecognised")
+        elif not self.compressed and row["end_offset"] < self.size:
+            # a last line still being written was held back: the next run reads it, even if
+            # the object has not changed by then
+            row["status"] = "partial"
         self._close_row(row)
 
     def _new_row(self, offset: int, line: int) -> dict:
@@ -539,9 +568,12 @@ class _ObjectReader:
         row["counts"] = {}
         row["engine_id"] = self.engine_id
         self.job.batch.sources.append(row)
+        self.row = row
         return row
 
     def _close_row(self, row: dict) -> None:
+        if "counts" not in row:
+            return  # closed already
         row["rows"] = json.dumps(row.pop("counts"))
         row.pop("start_line", None)
         row["batch_id"] = self.job.batch.id

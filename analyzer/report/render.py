@@ -49,12 +49,17 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
 def _markdown_text(value) -> str:
-    """A value as literal text in a Markdown table cell (no tags, no column breaks)."""
-    text = "–" if value is None else str(value)
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|").replace(
-        "\n", " "
-    )
+    """A value as literal text in Markdown: every ASCII punctuation mark backslash-escaped.
+
+    So no string from a log can become a link, an image, emphasis, a tag or a table cell
+    break in a chat message or a pull-request comment.
+    """
+    text = "–" if value is None else " ".join(str(value).split())
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
 
 
 def _number(value) -> str:
