@@ -17,23 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-
-def _run(code: str) -> tuple[float, int, str]:
-    """Seconds, peak RSS (bytes) and the last printed line of ``code`` in a fresh interpreter."""
-    wrapper = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)\n"
-    out = subprocess.run(
-        ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-c", wrapper],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    lines = out.stdout.strip().splitlines()
-    rss_kb = int(out.stderr.strip().rsplit("maxrss_kb=", 1)[1].split()[0])
-    return float(lines[-1]), rss_kb * 1024, lines[-2] if len(lines) > 1 else ""
+from _measure import run_timed
 
 
 def main() -> None:
@@ -58,7 +44,7 @@ def main() -> None:
             f" inject=parse_inject('all')), {str(bundle)!r})\n"
             f"ingest([{str(bundle)!r}], {str(store)!r}, progress=False)\n"
         )
-        seconds, _, _ = _run(setup)
+        seconds, _, _ = run_timed(setup)
         print(f"setup (simulate + ingest)  {seconds:6.1f} s")
         shutil.rmtree(bundle)
 
@@ -78,7 +64,7 @@ def main() -> None:
     best: dict[str, tuple[float, int, str]] = {}
     for _ in range(args.repeat):
         for name, code in (("baseline", baseline_code), ("analyze", analyze_code)):
-            run = _run(code)
+            run = run_timed(code)
             if name not in best or run[0] < best[name][0]:
                 best[name] = run
     base_s, base_rss, groups = best["baseline"]

@@ -21,12 +21,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import polars as pl
+from _measure import run_timed
 
 LOG_REGEX = (
     r"^(?:\((?P<process>[A-Za-z][\w]*) pid=(?P<pid>\d+)\) )?(?P<level>[A-Z]+) (?P<month>\d\d)-(?P<day>\d\d) "
@@ -110,24 +109,6 @@ def make_logs(folder: Path, megabytes: int) -> int:
     return count
 
 
-def _run(code: str) -> tuple[float, int]:
-    """Seconds and peak RSS (bytes) of running ``code`` in a fresh interpreter.
-
-    Peak memory comes from GNU time's report of the child alone: a child's own
-    getrusage would carry over the high-water mark of this (generating) process.
-    """
-    wrapper = f"import time\nt = time.perf_counter()\n{code}\nprint(time.perf_counter() - t)\n"
-    out = subprocess.run(
-        ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-c", wrapper],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    seconds = float(out.stdout.strip().splitlines()[-1])
-    rss_kb = int(out.stderr.strip().rsplit("maxrss_kb=", 1)[1].split()[0])
-    return seconds, rss_kb * 1024
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,15 +127,15 @@ def main() -> None:
     log_mb = sum(p.stat().st_size for p in (root / "logs").rglob("vllm.log")) / 1e6
 
     results = {}
-    results["trace baseline"] = _run(
+    results["trace baseline"] = run_timed(
         f"import duckdb; duckdb.sql(\"COPY (SELECT * FROM read_json('{trace}', format='newline_delimited')) "
         f"TO '{root}/baseline-trace.parquet' (FORMAT parquet)\")"
     )
-    results["trace ingest"] = _run(
+    results["trace ingest"] = run_timed(
         f"from hybridtrace.ingest.run import ingest; ingest(['{root}/trace'], '{root}/store-trace')"
     )
     log_files = [str(p) for p in sorted((root / "logs").rglob("vllm.log"))]
-    results["log baseline"] = _run(
+    results["log baseline"] = run_timed(
         "import polars as pl\n"
         f"files = {log_files!r}\n"
         "for n, f in enumerate(files):\n"
@@ -163,10 +144,10 @@ def main() -> None:
         f"    lines.select(pl.col('raw').str.extract_groups({LOG_REGEX!r})).unnest('raw')"
         f".write_parquet('{root}/baseline-log-' + str(n) + '.parquet')"
     )
-    results["log ingest"] = _run(
+    results["log ingest"] = run_timed(
         f"from hybridtrace.ingest.run import ingest; ingest(['{root}/logs'], '{root}/store-logs')"
     )
-    results["re-run, unchanged"] = _run(
+    results["re-run, unchanged"] = run_timed(
         f"from hybridtrace.ingest.run import ingest; ingest(['{root}/trace'], '{root}/store-trace');"
         f"ingest(['{root}/logs'], '{root}/store-logs')"
     )
@@ -176,7 +157,7 @@ def main() -> None:
         "log_mb": round(log_mb, 1),
         "log_lines": log_lines,
     }
-    for name, (seconds, rss) in results.items():
+    for name, (seconds, rss, _) in results.items():
         mb = trace_mb if name.startswith("trace") else log_mb if name.startswith("log") else trace_mb + log_mb
         records = trace_records if name.startswith("trace") else log_lines
         print(f"{name:20s} {seconds:7.2f} s  {mb / seconds:8.1f} MB/s  {records / seconds:12,.0f} rec/s  "
