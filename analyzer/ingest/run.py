@@ -457,13 +457,17 @@ class _Ingest:
         for uri, last in self.previous.items():
             if uri in self.seen or last["status"] == "deleted":
                 continue
-            if not any(uri == prefix or (prefix.endswith(("/", os.sep)) and uri.startswith(prefix))
+            # a prefix covers what is under it; a named object that is gone lists as a prefix
+            if not any(uri == prefix.rstrip("/" + os.sep)
+                       or (prefix.endswith(("/", os.sep)) and uri.startswith(prefix))
                        for prefix in prefixes):  # fmt: skip
                 continue
             row = self._source_row(uri, None, None, last["etag"], last["end_offset"] or 0,
                                    (last["end_line"] or 0) + 1, last["format"], last["version"])  # fmt: skip
+            # its own id: an object can go, come back and go again
             row.update(status="deleted", message="gone from its listing; the rows read from it stay",
-                       engine_id=last["engine_id"])  # fmt: skip
+                       engine_id=last["engine_id"],
+                       source_id=_source_id(uri, -1, row["ingested_at"], row["start_offset"]))  # fmt: skip
             self.batch.sources.append(row)
             self.summary.objects_gone += 1
 
