@@ -72,7 +72,8 @@ class LocalRoot:
     def write_text(self, rel: str, text: str) -> None:
         target = self.path / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
+        # a name of its own: two processes may write the same file (the first _meta.json)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         with open(tmp, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -95,10 +96,13 @@ class LocalRoot:
             os.close(directory)
 
     def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        return [name for name, _ in self.list_sized(rel, pattern)]
+
+    def list_sized(self, rel: str, pattern: str = "part-*.parquet") -> list[tuple[str, int]]:
         base = self.path / rel
         if not base.exists():
             return []
-        return sorted(str(p.relative_to(self.path)) for p in base.rglob(pattern))
+        return sorted((str(p.relative_to(self.path)), p.stat().st_size) for p in base.rglob(pattern))
 
     def leftovers(self) -> list[str]:
         """Temporary files a killed write left."""
@@ -199,6 +203,9 @@ class BucketRoot:
         self.write_bytes(rel, sink.getvalue().to_pybytes())
 
     def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        return [name for name, _ in self.list_sized(rel, pattern)]
+
+    def list_sized(self, rel: str, pattern: str = "part-*.parquet") -> list[tuple[str, int]]:
         import fnmatch
 
         base = self.full(rel)
@@ -208,7 +215,7 @@ class BucketRoot:
             raise self._guard("list the store", exc) from exc
         prefix = self.where.path + "/"
         out = [
-            info.path[len(prefix):]
+            (info.path[len(prefix):], info.size or 0)
             for info in infos
             if info.type == pafs.FileType.File and fnmatch.fnmatch(info.path.rsplit("/", 1)[-1], pattern)
         ]

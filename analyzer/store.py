@@ -33,6 +33,11 @@ from hybridtrace.schema import SCHEMA_VERSION, TABLES, TableSchema, table_schema
 from hybridtrace.storage import BucketRoot, LeaseHeld, LocalRoot, root_of
 
 DEFAULT_STORE = "hybridtrace-data"
+# Compaction: batches of at most COMPACT_SMALL_BYTES are merged once there are
+# COMPACT_MIN_BATCHES of them, at most COMPACT_MAX_BYTES at a time.
+COMPACT_MIN_BATCHES = int(os.environ.get("HYBRIDTRACE_COMPACT_MIN_BATCHES", "32"))
+COMPACT_SMALL_BYTES = 64 << 20
+COMPACT_MAX_BYTES = 1 << 30
 _PART = re.compile(r"^part-(?P<batch>[0-9a-f]{32})(?:-\d+)?\.parquet$")
 
 
@@ -69,7 +74,13 @@ class Store:
         self.check_version()
         self.files.make()
         if not self.files.exists("_meta.json"):
-            self.files.write_text("_meta.json", json.dumps({"schema_version": SCHEMA_VERSION}))
+            try:
+                self.files.write_text("_meta.json", json.dumps({"schema_version": SCHEMA_VERSION}))
+            except FileNotFoundError:
+                # another process created the store at the same moment (its recovery may
+                # have swept our temporary file): theirs is the same file
+                if not self.files.exists("_meta.json"):
+                    raise
 
     @property
     def schema_version(self) -> int | None:
@@ -111,12 +122,22 @@ class Store:
         return [f for f in self.files.list_files(table) if _PART.match(f.rsplit("/", 1)[-1])]
 
     def committed_batches(self) -> set[str]:
+        """Batches with a ``sources`` file, less those a committed compaction superseded."""
         batches = set()
         for rel in self._files("sources"):
             match = _PART.match(rel.rsplit("/", 1)[-1])
             if match:
                 batches.add(match.group("batch"))
-        return batches
+        return batches - self._superseded(batches)
+
+    def _superseded(self, batches: set[str]) -> set[str]:
+        """Batches merged into a compaction that committed (its ``sources`` file exists)."""
+        gone: set[str] = set()
+        for rel in self.files.list_files("sources", "supersedes-*.json"):
+            batch = rel.rsplit("/", 1)[-1][len("supersedes-"):-len(".json")]
+            if batch in batches:
+                gone.update(json.loads(self.files.read_text(rel)))
+        return gone
 
     def committed_files(self, table: str, batches: set[str] | None = None) -> list[str]:
         """Paths (relative to the root) of the table's files in committed batches."""
@@ -138,14 +159,71 @@ class Store:
             self.files.delete(tmp)
             removed += 1
         for table in TABLES:
-            if table == "sources":
-                continue
             for rel in self._files(table):
                 match = _PART.match(rel.rsplit("/", 1)[-1])
                 if match and match.group("batch") not in batches:
+                    # sources files go only when a compaction superseded their batch: an
+                    # uncommitted batch has none
                     self.files.delete(rel)
                     removed += 1
+        for rel in self.files.list_files("sources", "supersedes-*.json"):
+            if rel.rsplit("/", 1)[-1][len("supersedes-"):-len(".json")] not in batches:
+                self.files.delete(rel)  # a compaction that never committed
+                removed += 1
         return removed
+
+    def compact(self, *, min_batches: int = COMPACT_MIN_BATCHES) -> int:
+        """Merge the files of many small batches into one batch; returns how many were merged.
+
+        A scheduled job commits a small batch every run, and each adds files to every
+        table partition it touches and one ``sources`` file, which every reader lists and
+        every run reads. Compaction rewrites the small batches' files as one new batch:
+        its data files first (invisible until committed), then the list of batches it
+        supersedes, then its ``sources`` file (the merged manifest rows) as the commit;
+        readers then ignore the superseded batches, whose files are deleted last. A crash
+        at any step leaves the store readable with every row once, and ``recover`` removes
+        the leftovers.
+        """
+        committed = self.committed_batches()
+        sizes: dict[str, int] = {}
+        files: dict[str, list[tuple[str, str]]] = {}
+        for table in TABLES:
+            for rel, size in self.files.list_sized(table):
+                match = _PART.match(rel.rsplit("/", 1)[-1])
+                if match and match.group("batch") in committed:
+                    batch = match.group("batch")
+                    sizes[batch] = sizes.get(batch, 0) + size
+                    files.setdefault(batch, []).append((table, rel))
+        chosen, total = [], 0
+        for batch in sorted(committed, key=lambda b: sizes.get(b, 0)):
+            if sizes.get(batch, 0) > COMPACT_SMALL_BYTES or total + sizes.get(batch, 0) > COMPACT_MAX_BYTES:
+                break
+            chosen.append(batch)
+            total += sizes.get(batch, 0)
+        if len(chosen) < min_batches:
+            return 0
+        merged_id = new_batch_id()
+        by_partition: dict[tuple[str, str], list[str]] = {}
+        for batch in chosen:
+            for table, rel in files.get(batch, []):
+                if table != "sources":
+                    by_partition.setdefault((table, rel.rsplit("/", 1)[0]), []).append(rel)
+        for n, ((table, directory), rels) in enumerate(sorted(by_partition.items())):
+            schema = table_schema(table)
+            data = concat((self.files.read_table(rel) for rel in rels), schema)
+            self.files.write_parquet(data, f"{directory}/part-{merged_id}-{n}.parquet")
+        manifest = concat(
+            (self.files.read_table(rel) for b in chosen for t, rel in files.get(b, []) if t == "sources"),
+            table_schema("sources"),
+        )
+        self.files.write_text(f"sources/supersedes-{merged_id}.json", json.dumps(sorted(chosen)))
+        if self._lease_check is not None:
+            self._lease_check()
+        self.files.write_parquet(manifest, f"sources/part-{merged_id}.parquet")  # the commit
+        for batch in chosen:
+            for _, rel in files.get(batch, []):
+                self.files.delete(rel)
+        return len(chosen)
 
     # --- writing ----------------------------------------------------------------------
 

@@ -270,3 +270,60 @@ def test_a_bad_line_sends_its_chunk_down_the_careful_path():
         "wrong type for rank",
         "wrong type for xfer_s",
     ]
+
+
+def _source_files(root: Path) -> int:
+    return len(list((root / "sources").glob("part-*.parquet")))
+
+
+def test_many_small_runs_are_compacted_and_nothing_changes(tmp_path, monkeypatch):
+    import hybridtrace.store as store_module
+
+    data, store_root, clean = tmp_path / "in", tmp_path / "store", tmp_path / "clean"
+    monkeypatch.setattr(store_module, "COMPACT_MIN_BATCHES", 1_000)  # none yet
+    for i in range(12):  # a scheduled job: every run brings a little
+        write_jsonl(data / f"engine-{i % 3}" / f"trace-{i}.jsonl", transfer_records(4, seed=i))
+        ingest([data], store_root)
+    assert _source_files(store_root) == 12
+    before = _all_rows(store_root)
+    merged = Store(store_root).compact(min_batches=8)
+    assert merged == 12 and _source_files(store_root) == 1
+    assert _all_rows(store_root) == before
+    ingest([data], clean)
+    assert before == _all_rows(clean)
+    again = ingest([data], store_root)  # the merged manifest still says what was read
+    assert again.objects_read == 0 and again.objects_skipped == 12
+
+
+@pytest.mark.parametrize("crash_at", ["before the commit", "after the commit"])
+def test_a_compaction_cut_short_leaves_every_row_once(tmp_path, monkeypatch, crash_at):
+    import hybridtrace.store as store_module
+
+    data, store_root = tmp_path / "in", tmp_path / "store"
+    monkeypatch.setattr(store_module, "COMPACT_MIN_BATCHES", 1_000)
+    for i in range(6):
+        write_jsonl(data / f"trace-{i}.jsonl", transfer_records(3, seed=i))
+        ingest([data], store_root)
+    before = _all_rows(store_root)
+    store = Store(store_root)
+    original_write, original_delete = store.files.write_parquet, store.files.delete
+
+    def write(table, rel):
+        if crash_at == "before the commit" and rel.startswith("sources/part-"):
+            raise OSError("killed")
+        original_write(table, rel)
+
+    def delete(rel):
+        raise OSError("killed")
+
+    monkeypatch.setattr(store.files, "write_parquet", write)
+    monkeypatch.setattr(store.files, "delete", delete)
+    with pytest.raises(OSError):
+        store.compact(min_batches=2)
+    assert _all_rows(store_root) == before  # readable, every row once
+    monkeypatch.setattr(store.files, "write_parquet", original_write)
+    monkeypatch.setattr(store.files, "delete", original_delete)
+    ingest([data], store_root)  # recover clears what the cut compaction left
+    assert _all_rows(store_root) == before
+    expected_files = 1 if crash_at == "after the commit" else 6
+    assert _source_files(store_root) == expected_files

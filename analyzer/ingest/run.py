@@ -83,6 +83,7 @@ class IngestSummary:
     duplicates: int = 0
     recovered_files: int = 0
     objects_gone: int = 0
+    compacted_batches: int = 0
     seconds: float = 0.0
     by_format: dict[str, int] = field(default_factory=dict)
 
@@ -828,6 +829,8 @@ def ingest(
                 run.wait()
             finally:
                 run.writer.shutdown(wait=True)
+        # many small runs leave many small files: merge them now and then
+        run.summary.compacted_batches = store.compact()
     run.progress.update(run.summary, run.done_bytes, force=True)
     run.progress.close()
     run.summary.seconds = time.monotonic() - started
