@@ -105,7 +105,7 @@ CREATE OR REPLACE VIEW request_bytes AS
 SELECT
     engine_id, request_id,
     count(*) AS reads,
-    count(DISTINCT rank) AS ranks,
+    _rank_count(rank) AS ranks,
     sum(logical_bytes) AS logical_bytes,
     sum(expected_bytes) AS expected_bytes,
     sum(reserved_bytes) AS reserved_bytes,

@@ -34,12 +34,12 @@ WITH judged AS (
     FROM _rank_windows GROUP BY ALL
 ),
 critical AS (
-    SELECT engine_id, rank, count(*) AS requests_led
-    FROM (SELECT engine_id, request_id, arg_max(rank, xfer_s) AS rank FROM transfers WHERE status = 'ok' GROUP BY ALL)
+    SELECT engine_id, slowest_rank AS rank, count(*) AS requests_led
+    FROM _request_reads WHERE slowest_rank IS NOT NULL
     GROUP BY ALL
 ),
 requests_per_engine AS (
-    SELECT engine_id, count(DISTINCT request_id) AS requests FROM transfers WHERE status = 'ok' GROUP BY ALL
+    SELECT engine_id, count(*) AS requests FROM _request_reads WHERE critical_path_s IS NOT NULL GROUP BY ALL
 )
 SELECT
     'slow_rank' AS kind, 'warning' AS severity, j.engine_id, j.rank, CAST(NULL AS VARCHAR) AS request_id,

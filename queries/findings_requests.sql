@@ -105,17 +105,14 @@ WHERE reused_tokens < transferred_tokens;
 CREATE OR REPLACE VIEW finding_descriptor_bound AS
 SELECT
     'descriptor_bound' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
-    any_value(remote_engine_id) AS remote_engine_id,
+    remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'posting ' || sum(descriptors) || ' descriptors took ' || round(100 * sum(post_s) / sum(xfer_s), 1)
+    'posting ' || descriptors || ' descriptors took ' || round(100 * post_s / xfer_s, 1)
         || '% of the transfer time' AS message,
-    CAST(json_object('reads', count(*), 'descriptors', sum(descriptors), 'post_s', sum(post_s),
-        'xfer_s', sum(xfer_s), 'bytes_per_descriptor', sum(transported_bytes) / nullif(sum(descriptors), 0))
-        AS VARCHAR) AS evidence
-FROM transfers
-WHERE status = 'ok' AND xfer_s > 0
-GROUP BY engine_id, request_id
-HAVING sum(post_s) / sum(xfer_s) >= _t('descriptor_post_share');
+    CAST(json_object('reads', timed_reads, 'descriptors', descriptors, 'post_s', post_s,
+        'xfer_s', xfer_s, 'bytes_per_descriptor', timed_bytes / nullif(descriptors, 0)) AS VARCHAR) AS evidence
+FROM _request_reads
+WHERE timed_reads > 0 AND post_s / xfer_s >= _t('descriptor_post_share');
 
 -- finding_transfer_failed: a read failed (trace), or a failure line named the request (logs).
 CREATE OR REPLACE VIEW finding_transfer_failed AS

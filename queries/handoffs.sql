@@ -12,6 +12,32 @@ WHERE kind = 'engine_stats'
 GROUP BY ALL
 HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) > 0;
 
+-- _request_reads: every request's reads in one pass over `transfers` (no request record
+-- needed), shared by handoffs, slow_rank and descriptor_bound.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id     the request (any prefill engine it read from)
+--   reads, ranks                                all reads, distinct decode ranks
+--   critical_path_s, slowest_rank, critical_bytes   the slowest successful read
+--   aggregate_bytes                             bytes of all successful reads
+--   timed_reads, timed_bytes, descriptors,      over successful reads with a transfer time:
+--   post_s, xfer_s                              their count, bytes, descriptors and times
+CREATE OR REPLACE VIEW _request_reads AS
+SELECT engine_id, request_id,
+       any_value(remote_engine_id) AS remote_engine_id,
+       count(*) AS reads, _rank_count(rank) AS ranks,
+       max(xfer_s) FILTER (WHERE status = 'ok') AS critical_path_s,
+       arg_max(rank, xfer_s) FILTER (WHERE status = 'ok') AS slowest_rank,
+       arg_max(transported_bytes, xfer_s) FILTER (WHERE status = 'ok') AS critical_bytes,
+       sum(transported_bytes) FILTER (WHERE status = 'ok') AS aggregate_bytes,
+       count(*) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS timed_reads,
+       sum(transported_bytes) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS timed_bytes,
+       sum(descriptors) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS descriptors,
+       sum(post_s) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS post_s,
+       sum(xfer_s) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS xfer_s
+FROM transfers
+GROUP BY engine_id, request_id;
+
 -- handoffs: one row per request with reads.
 --
 -- Columns:
@@ -32,16 +58,6 @@ HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOU
 --   prefill_source      'measured', 'configured', 'estimated' or null (no way to know)
 --   transfer_minus_prefill_s   X − R (positive: recomputing would have been faster)
 CREATE OR REPLACE VIEW handoffs AS
-WITH reads AS (
-    SELECT engine_id, request_id,
-           count(*) AS reads, count(DISTINCT rank) AS ranks,
-           max(xfer_s) FILTER (WHERE status = 'ok') AS critical_path_s,
-           arg_max(rank, xfer_s) FILTER (WHERE status = 'ok') AS slowest_rank,
-           arg_max(transported_bytes, xfer_s) FILTER (WHERE status = 'ok') AS critical_bytes,
-           sum(transported_bytes) FILTER (WHERE status = 'ok') AS aggregate_bytes
-    FROM transfers
-    GROUP BY ALL
-)
 SELECT
     r.engine_id, r.request_id, r.remote_engine_id, r.status,
     r.missing_tokens, r.transferred_tokens, r.reused_tokens, r.recomputed_tokens, r.boundary_tokens, r.state_blocks,
@@ -54,7 +70,7 @@ SELECT
     x.critical_path_s - coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
                                  r.missing_tokens / p.tokens_per_s) AS transfer_minus_prefill_s
 FROM requests r
-JOIN reads x USING (engine_id, request_id)
+JOIN _request_reads x USING (engine_id, request_id)
 LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id;
 
 -- transfer_vs_recompute: X against R per missing-prefix bucket, at the bucket's p50, p95

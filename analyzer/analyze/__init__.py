@@ -55,7 +55,7 @@ _INPUT_TABLES = (
 
 
 # Views several rules read: computed once per analysis instead of once per rule.
-SHARED_VIEWS = ("transfer_bytes", "handoffs", "intervals", "interval_bytes")
+SHARED_VIEWS = ("transfer_bytes", "_request_reads", "handoffs", "intervals", "interval_bytes")
 
 _ORDER_BY = (
     "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
