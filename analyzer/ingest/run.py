@@ -346,7 +346,9 @@ class _Ingest:
     def wait(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            pending.result()
+            # the commit's own rejects are added here, on the reading thread, which is the
+            # only one that counts rejects: no update is lost between the two threads
+            self.summary.rejects += pending.result()
 
     def explicit_model(self, source: str) -> None:
         from hybridtrace.model import geometry_from_config, load_config
@@ -852,7 +854,9 @@ def _previous_reads(store: Store) -> dict[str, dict]:
     return latest
 
 
-def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> None:
+def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> int:
+    """Dedupe and write one batch (on the writer thread); returns the rejects it added."""
+    config_rejects = 0
     tables: dict[str, pa.Table] = {}
     duplicates_by_source: dict[str, int] = {}
     for row in batch.sources:
@@ -863,7 +867,7 @@ def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> None:
                 "rejects", _reject_rows([reject], row["source_id"], row["uri"], "model_config", time.time())
             )
             row.update(status="error", message=error, rejects=row["rejects"] + 1)
-            summary.rejects += 1
+            config_rejects += 1
     for name, parts in batch.tables.items():
         data = concat(parts, table_schema(name))
         if name in DEDUPED and data.num_rows:
@@ -884,3 +888,4 @@ def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> None:
         row["duplicates"] = duplicates_by_source.get(row["source_id"], 0)
     sources = pa.Table.from_pylist(batch.sources, schema=table_schema("sources").arrow_schema())
     store.write_batch(batch.id, tables, sources)
+    return config_rejects
