@@ -368,6 +368,10 @@ def run_command(
     config: Annotated[
         str, typer.Option("--config", "-c", help="The job file (TOML): inputs, store, report, alert.")
     ],
+    fail_on: Annotated[
+        str | None,
+        typer.Option(help="Kinds that make the run exit 1 (comma-separated, or 'any'); overrides the job's."),
+    ] = None,
 ) -> None:
     """The scheduled job: ingest what is new, analyze, publish the report, exit by the alert policy.
 
@@ -378,10 +382,13 @@ def run_command(
     import json
 
     from hybridtrace.buckets import redact
-    from hybridtrace.job import load_job, run_job
+    from hybridtrace.job import load_job, parse_kinds, run_job
 
     try:
-        code, summary = run_job(load_job(config))
+        job = load_job(config)
+        if fail_on is not None:
+            job.fail_on = parse_kinds(fail_on, "--fail-on")
+        code, summary = run_job(job)
     except Exception as exc:  # the scheduler gets its one line whatever went wrong
         if _state["debug"]:
             raise

@@ -94,15 +94,11 @@ def load_job(path: str | Path) -> JobConfig:
     if not isinstance(store.get("path"), str):
         raise UsageError(f"{path}: [store] path is required")
     fail_on = alert.get("fail_on", [])
-    if fail_on == "any":
-        kinds = set(KINDS)
-    else:
-        kinds = {fail_on} if isinstance(fail_on, str) else set(fail_on)
-        bad = kinds - set(KINDS)
-        if bad:
-            raise UsageError(
-                f"{path}: [alert] fail_on: unknown kinds {sorted(bad)} (known: any, {', '.join(KINDS)})"
-            )
+    if not isinstance(fail_on, (str, list)) or not all(isinstance(k, str) for k in fail_on):
+        raise UsageError(f"{path}: [alert] fail_on must be a list of kinds or \"any\"")
+    listed = fail_on if isinstance(fail_on, str) else ",".join(fail_on)
+    kinds = parse_kinds(listed, f"{path}: [alert] fail_on")
+
     def number(section: dict, key: str, default: float) -> float:
         value = section.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -130,6 +126,17 @@ def load_job(path: str | Path) -> JobConfig:
         max_run_s=number(alert, "max_run_s", 3600),
         thresholds_file=str(path) if "thresholds" in raw else None,
     )
+
+
+def parse_kinds(text: str, where: str) -> set[str]:
+    """Finding kinds from "a,b,c" or "any"; an unknown kind is a usage error."""
+    if text.strip() == "any":
+        return set(KINDS)
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    bad = kinds - set(KINDS)
+    if bad:
+        raise UsageError(f"{where}: unknown kinds {sorted(bad)} (known: any, {', '.join(KINDS)})")
+    return kinds
 
 
 class Busy(Exception):

@@ -61,6 +61,10 @@ slow_rank_ratio = 0.5
     # the next run reads nothing new and says the same
     code, again, _ = _run(job)
     assert code == 1 and again["objects"]["read"] == 0 and again["findings"] == summary["findings"]
+    # --fail-on overrides the job's policy
+    done = subprocess.run([*COMMAND, "run", "--config", str(job), "--fail-on", "slow_rank"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and json.loads(done.stdout)["fail_on_matched"] == []
 
 
 def test_bucket_inputs_and_report(tmp_path, bundle):
