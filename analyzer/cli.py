@@ -257,7 +257,8 @@ def analyze_command(
     limit: Annotated[int, typer.Option(help="Findings shown in the table (json and csv show all).")] = 40,
 ) -> None:
     """Run the finding rules over the store and print the findings."""
-    from hybridtrace.analyze import KINDS, analyze
+    from hybridtrace.analyze import analyze
+    from hybridtrace.kinds import parse_kinds
     from hybridtrace.output import to_csv
     from hybridtrace.store import Store, default_store
 
@@ -265,14 +266,7 @@ def analyze_command(
     st = Store(root)
     if not st.exists():
         raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
-    kinds: set[str] = set()
-    if fail_on:
-        kinds = (
-            set(KINDS) if fail_on.strip() == "any" else {k.strip() for k in fail_on.split(",") if k.strip()}
-        )
-        unknown = kinds - set(KINDS)
-        if unknown:
-            raise UsageError(f"--fail-on: unknown kinds {sorted(unknown)} (known: any, {', '.join(KINDS)})")
+    kinds = parse_kinds(fail_on, "--fail-on") if fail_on else set()
     result = analyze(st.connect(), config=config)
     if fmt is OutputFormat.json:
         typer.echo(to_json(result.as_dict()))
@@ -382,7 +376,8 @@ def run_command(
     import json
 
     from hybridtrace.buckets import redact
-    from hybridtrace.job import load_job, parse_kinds, run_job
+    from hybridtrace.job import load_job, run_job
+    from hybridtrace.kinds import parse_kinds
 
     try:
         job = load_job(config)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from hybridtrace.buckets import bucket, is_bucket, redact
 from hybridtrace.errors import UsageError
-from hybridtrace.kinds import KINDS
+from hybridtrace.kinds import parse_kinds
 from hybridtrace.storage import LeaseHeld, root_of
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -126,17 +126,6 @@ def load_job(path: str | Path) -> JobConfig:
         max_run_s=number(alert, "max_run_s", 3600),
         thresholds_file=str(path) if "thresholds" in raw else None,
     )
-
-
-def parse_kinds(text: str, where: str) -> set[str]:
-    """Finding kinds from "a,b,c" or "any"; an unknown kind is a usage error."""
-    if text.strip() == "any":
-        return set(KINDS)
-    kinds = {k.strip() for k in text.split(",") if k.strip()}
-    bad = kinds - set(KINDS)
-    if bad:
-        raise UsageError(f"{where}: unknown kinds {sorted(bad)} (known: any, {', '.join(KINDS)})")
-    return kinds
 
 
 class Busy(Exception):

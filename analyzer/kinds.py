@@ -1,4 +1,7 @@
-"""The finding kinds of the contract (CONTRACT §6), in one place for the analyzer and the simulator."""
+"""The finding kinds: the contract's (CONTRACT §6), and the ones this project adds.
+
+In one place for the analyzer, the simulator, the report and ``--fail-on``.
+"""
 
 KINDS = (
     "padding_leak",
@@ -12,3 +15,21 @@ KINDS = (
     "config_mismatch",
     "recompute_cheaper",
 )
+
+# Added by this project, from native metrics (engine scope): block rounding hides the
+# padding, and intervals no reading of the byte model explains.
+EXTRA_KINDS = ("padding_undecidable", "native_unexplained")
+ALL_KINDS = KINDS + EXTRA_KINDS
+
+
+def parse_kinds(text: str, where: str) -> set[str]:
+    """Finding kinds from "a,b,c" or "any"; an unknown kind is a usage error."""
+    from hybridtrace.errors import UsageError
+
+    if text.strip() == "any":
+        return set(ALL_KINDS)
+    kinds = {k.strip() for k in text.split(",") if k.strip()}
+    bad = kinds - set(ALL_KINDS)
+    if bad:
+        raise UsageError(f"{where}: unknown kinds {sorted(bad)} (known: any, {', '.join(ALL_KINDS)})")
+    return kinds

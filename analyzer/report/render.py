@@ -19,13 +19,10 @@ from pathlib import Path
 import jinja2
 
 from hybridtrace import __version__
-from hybridtrace.kinds import KINDS
+from hybridtrace.kinds import ALL_KINDS
 from hybridtrace.report.charts import Chart, build_charts
 from hybridtrace.report.data import ReportData, kinds_in_order
 from hybridtrace.units import format_bytes
-
-# Kinds the analyzer can report beyond the contract's, each with its docs page.
-EXTRA_KINDS = ("padding_undecidable", "native_unexplained")
 
 
 def _load_template(name: str) -> str | None:
@@ -121,7 +118,7 @@ def kind_docs() -> dict[str, str]:
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     folder = resources.files("hybridtrace.docs").joinpath("findings")
     pages = {}
-    for kind in (*KINDS, *EXTRA_KINDS):
+    for kind in ALL_KINDS:
         page = folder.joinpath(f"{kind}.md")
         if not page.is_file():
             continue
