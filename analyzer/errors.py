@@ -19,3 +19,7 @@ class ConfigError(HybridtraceError):
 
 class UnsupportedArchitecture(ConfigError):
     """The config names an architecture the byte model does not know."""
+
+
+class StoreWriteError(HybridtraceError):
+    """The store could not be written (disk full, a bucket refusing an upload): the run stops."""

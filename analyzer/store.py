@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -38,6 +39,8 @@ DEFAULT_STORE = "hybridtrace-data"
 COMPACT_MIN_BATCHES = int(os.environ.get("HYBRIDTRACE_COMPACT_MIN_BATCHES", "32"))
 COMPACT_SMALL_BYTES = 64 << 20
 COMPACT_MAX_BYTES = 1 << 30
+# Superseded files stay this long after their compaction, for readers that listed them.
+COMPACT_GRACE_S = float(os.environ.get("HYBRIDTRACE_COMPACT_GRACE_S", "3600"))
 _PART = re.compile(r"^part-(?P<batch>[0-9a-f]{32})(?:-\d+)?\.parquet$")
 
 
@@ -121,22 +124,36 @@ class Store:
     def _files(self, table: str) -> list[str]:
         return [f for f in self.files.list_files(table) if _PART.match(f.rsplit("/", 1)[-1])]
 
-    def committed_batches(self) -> set[str]:
-        """Batches with a ``sources`` file, less those a committed compaction superseded."""
+    def _parts(self) -> set[str]:
+        """Batches that have a ``sources`` file."""
         batches = set()
         for rel in self._files("sources"):
             match = _PART.match(rel.rsplit("/", 1)[-1])
             if match:
                 batches.add(match.group("batch"))
-        return batches - self._superseded(batches)
+        return batches
 
-    def _superseded(self, batches: set[str]) -> set[str]:
-        """Batches merged into a compaction that committed (its ``sources`` file exists)."""
-        gone: set[str] = set()
+    def _compactions(self) -> dict[str, dict]:
+        """Every compaction's record: its batch -> {"batches": superseded, "committed_at": t}."""
+        records = {}
         for rel in self.files.list_files("sources", "supersedes-*.json"):
             batch = rel.rsplit("/", 1)[-1][len("supersedes-"):-len(".json")]
+            value = json.loads(self.files.read_text(rel))
+            records[batch] = value if isinstance(value, dict) else {"batches": value, "committed_at": 0.0}
+        return records
+
+    def committed_batches(self) -> set[str]:
+        """Batches with a ``sources`` file, less those a committed compaction superseded."""
+        batches = self._parts()
+        return batches - self._superseded(batches, self._compactions())
+
+    @staticmethod
+    def _superseded(batches: set[str], compactions: dict[str, dict]) -> set[str]:
+        """Batches merged into a compaction that committed (its ``sources`` file exists)."""
+        gone: set[str] = set()
+        for batch, record in compactions.items():
             if batch in batches:
-                gone.update(json.loads(self.files.read_text(rel)))
+                gone.update(record["batches"])
         return gone
 
     def committed_files(self, table: str, batches: set[str] | None = None) -> list[str]:
@@ -150,25 +167,47 @@ class Store:
         return out
 
     def recover(self) -> int:
-        """Remove what an interrupted batch left behind; returns how many files went."""
+        """Remove what interrupted batches and old compactions left; returns how many files went.
+
+        Files of a batch that never committed go at once. Files a compaction superseded go
+        only ``COMPACT_GRACE_S`` after it committed: a reader that listed them before the
+        commit (``query``, ``analyze`` and ``report`` take no lock) can still open them.
+        """
         if not self.exists():
             return 0
-        batches = self.committed_batches()
+        parts, compactions = self._parts(), self._compactions()
+        superseded_at: dict[str, float] = {}
+        for batch, record in compactions.items():
+            if batch in parts:
+                for old in record["batches"]:
+                    superseded_at[old] = min(superseded_at.get(old, float("inf")), record["committed_at"])
+        committed = parts - set(superseded_at)
         removed = 0
         for tmp in self.files.leftovers():
             self.files.delete(tmp)
             removed += 1
+        files: dict[str, list[str]] = {}
         for table in TABLES:
             for rel in self._files(table):
                 match = _PART.match(rel.rsplit("/", 1)[-1])
-                if match and match.group("batch") not in batches:
-                    # sources files go only when a compaction superseded their batch: an
-                    # uncommitted batch has none
-                    self.files.delete(rel)
-                    removed += 1
-        for rel in self.files.list_files("sources", "supersedes-*.json"):
-            if rel.rsplit("/", 1)[-1][len("supersedes-"):-len(".json")] not in batches:
-                self.files.delete(rel)  # a compaction that never committed
+                if match and match.group("batch") not in committed:
+                    files.setdefault(match.group("batch"), []).append(rel)
+        now = time.time()
+        # the oldest supersessions first, and a batch's sources file last: a crash between
+        # deletions never brings a superseded batch back
+        kept: set[str] = set()  # superseded batches still within their grace period
+        for batch in sorted(files, key=lambda b: superseded_at.get(b, -1.0)):
+            if batch in superseded_at and now - superseded_at[batch] < COMPACT_GRACE_S:
+                kept.add(batch)
+                continue
+            for rel in sorted(files[batch], key=lambda r: r.startswith("sources/")):
+                self.files.delete(rel)
+                removed += 1
+        for batch, record in compactions.items():
+            # a record goes when its compaction never committed, or none of the batches it
+            # lists has a file left (so dropping it cannot bring one back)
+            if batch not in parts or not set(record["batches"]) & kept:
+                self.files.delete(f"sources/supersedes-{batch}.json")
                 removed += 1
         return removed
 
@@ -180,9 +219,9 @@ class Store:
         every run reads. Compaction rewrites the small batches' files as one new batch:
         its data files first (invisible until committed), then the list of batches it
         supersedes, then its ``sources`` file (the merged manifest rows) as the commit;
-        readers then ignore the superseded batches, whose files are deleted last. A crash
-        at any step leaves the store readable with every row once, and ``recover`` removes
-        the leftovers.
+        readers then ignore the superseded batches, whose files ``recover`` deletes once
+        no reader can still be using them. A crash at any step leaves the store readable
+        with every row once.
         """
         committed = self.committed_batches()
         sizes: dict[str, int] = {}
@@ -216,13 +255,14 @@ class Store:
             (self.files.read_table(rel) for b in chosen for t, rel in files.get(b, []) if t == "sources"),
             table_schema("sources"),
         )
-        self.files.write_text(f"sources/supersedes-{merged_id}.json", json.dumps(sorted(chosen)))
+        record = {"batches": sorted(chosen), "committed_at": time.time()}
+        self.files.write_text(f"sources/supersedes-{merged_id}.json", json.dumps(record))
         if self._lease_check is not None:
             self._lease_check()
         self.files.write_parquet(manifest, f"sources/part-{merged_id}.parquet")  # the commit
-        for batch in chosen:
-            for _, rel in files.get(batch, []):
-                self.files.delete(rel)
+        # the superseded files stay for readers that listed them; recover() removes them
+        # once the grace period has passed
+        self.recover()
         return len(chosen)
 
     # --- writing ----------------------------------------------------------------------

@@ -265,8 +265,14 @@ def test_same_content_uploaded_again_is_not_opened_again(server, tmp_path, monke
     ingest([server.uri("telemetry/logs")], tmp_path / "s")
     time.sleep(1.1)  # a new LastModified
     server.put("telemetry/logs/vllm.log", data)
+    import hybridtrace.ingest.run as run
+
+    fetched = []
+    real_fetch = run._fetch
+    monkeypatch.setattr(run, "_fetch", lambda obj: fetched.append(obj.uri) or real_fetch(obj))
     again = ingest([server.uri("telemetry/logs")], tmp_path / "s")
     assert (again.objects_read, again.objects_skipped) == (0, 1)  # opened, same ETag: skipped
+    assert fetched == []  # same size: its head and version are read, not all of it
 
     def refuse(self):
         raise AssertionError("opened again")

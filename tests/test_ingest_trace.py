@@ -286,9 +286,15 @@ def test_many_small_runs_are_compacted_and_nothing_changes(tmp_path, monkeypatch
         ingest([data], store_root)
     assert _source_files(store_root) == 12
     before = _all_rows(store_root)
+    reader = Store(store_root).connect()  # a query that listed the files before the merge
     merged = Store(store_root).compact(min_batches=8)
-    assert merged == 12 and _source_files(store_root) == 1
-    assert _all_rows(store_root) == before
+    assert merged == 12 and _all_rows(store_root) == before
+    # the merged files are in use; the old ones stay for readers like that one
+    assert _source_files(store_root) == 13
+    assert reader.sql("SELECT count(*) FROM transfers").fetchall()[0][0] == len(before["transfers"])
+    monkeypatch.setattr(store_module, "COMPACT_GRACE_S", 0.0)  # an hour later
+    Store(store_root).recover()
+    assert _source_files(store_root) == 1 and _all_rows(store_root) == before
     ingest([data], clean)
     assert before == _all_rows(clean)
     again = ingest([data], store_root)  # the merged manifest still says what was read
@@ -301,6 +307,7 @@ def test_a_compaction_cut_short_leaves_every_row_once(tmp_path, monkeypatch, cra
 
     data, store_root = tmp_path / "in", tmp_path / "store"
     monkeypatch.setattr(store_module, "COMPACT_MIN_BATCHES", 1_000)
+    monkeypatch.setattr(store_module, "COMPACT_GRACE_S", 0.0)  # old files go at once
     for i in range(6):
         write_jsonl(data / f"trace-{i}.jsonl", transfer_records(3, seed=i))
         ingest([data], store_root)

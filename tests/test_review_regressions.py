@@ -192,3 +192,44 @@ def test_run_errors_are_one_json_line_and_exit_2(tmp_path):
 
     with pytest.raises(UsageError, match="strict must be true or false"):
         load_job(job)
+
+
+def test_a_store_that_cannot_take_a_slice_stops_the_run(tmp_path, monkeypatch):
+    import errno
+
+    import hybridtrace.ingest.run as run
+    from hybridtrace.errors import StoreWriteError
+    from hybridtrace.storage import LocalRoot
+
+    write_jsonl(tmp_path / "in" / "trace.jsonl", transfer_records(200))  # 600 lines
+    old(tmp_path / "in" / "trace.jsonl")
+    monkeypatch.setattr(run, "BATCH_ROWS", 100)  # committed in slices
+    monkeypatch.setattr(run, "CHUNK_BYTES", 4096)
+    real, failures = LocalRoot.write_parquet, []
+
+    def full_once(self, table, rel):
+        if not failures and "/transfers/" in f"/{rel}":
+            failures.append(rel)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, table, rel)
+
+    monkeypatch.setattr(LocalRoot, "write_parquet", full_once)
+    with pytest.raises(StoreWriteError, match="No space left"):
+        ingest([tmp_path / "in"], tmp_path / "s")
+    ingest([tmp_path / "in"], tmp_path / "s")  # the disk has room again
+    rows = Store(tmp_path / "s").connect().sql("SELECT count(*) FROM transfers").fetchall()[0][0]
+    assert rows == 400  # nothing lost
+
+
+def test_a_cut_gzip_keeps_the_lines_before_the_cut(tmp_path):
+    import gzip
+
+    records = transfer_records(300)
+    text = "".join(json.dumps(r) + "\n" for r in records).encode()
+    whole = gzip.compress(text, compresslevel=1)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "trace.jsonl.gz").write_bytes(whole[: int(len(whole) * 0.8)])
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert 0 < summary.rows.get("transfers", 0) < 600
+    status = Store(tmp_path / "s").connect().sql("SELECT status FROM sources").fetchall()
+    assert status == [("error",)]

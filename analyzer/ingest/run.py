@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.buckets import ObjectRef, list_objects, redact
-from hybridtrace.errors import UsageError
+from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
 from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
 from hybridtrace.ingest.trace import fast_parse, parse_trace
@@ -84,6 +84,7 @@ class IngestSummary:
     recovered_files: int = 0
     objects_gone: int = 0
     compacted_batches: int = 0
+    compaction_error: str | None = None
     seconds: float = 0.0
     by_format: dict[str, int] = field(default_factory=dict)
 
@@ -167,6 +168,29 @@ class _Gunzip(gzip.GzipFile):
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__(fileobj=raw, mode="rb")
         self._raw = raw
+        self._cut: BaseException | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes; a stream cut short gives what came before the cut first,
+        and its error on the next read (a plain GzipFile drops the whole request)."""
+        if self._cut is not None:
+            raise self._cut
+        if size is None or size < 0:
+            size = 1 << 62
+        parts, got = [], 0
+        while got < size:
+            try:
+                piece = super().read(min(size - got, 1 << 16))
+            except (EOFError, zlib.error, OSError) as exc:
+                if not parts:
+                    raise
+                self._cut = exc
+                break
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
 
     def close(self) -> None:
         try:
@@ -346,9 +370,17 @@ class _Ingest:
     def wait(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            # the commit's own rejects are added here, on the reading thread, which is the
-            # only one that counts rejects: no update is lost between the two threads
-            self.summary.rejects += pending.result()
+            try:
+                # the commit's own rejects are added here, on the reading thread, which is
+                # the only one that counts rejects: no update is lost between the threads
+                self.summary.rejects += pending.result()
+            except HybridtraceError:
+                raise
+            except Exception as exc:
+                # not the object being read: the store could not take the batch, so the run
+                # stops (a reading error would mark the object and go on, losing the batch)
+                reason = redact(str(exc)) or type(exc).__name__
+                raise StoreWriteError(f"cannot write the store: {reason}") from exc
 
     def explicit_model(self, source: str) -> None:
         from hybridtrace.model import geometry_from_config, load_config
@@ -375,6 +407,11 @@ class _Ingest:
             and last["size_bytes"] == obj.size
             and last["mtime"] == obj.mtime
         )
+
+    def may_be_unchanged(self, obj: ObjectRef) -> bool:
+        """True when the object is unchanged, or may be (same size: its version will say)."""
+        last = self.previous.get(obj.uri)
+        return bool(last and last["status"] not in ("partial", "deleted") and last["size_bytes"] == obj.size)
 
     def object(self, obj: ObjectRef, fetched: tuple[bytes, str | None] | None = None) -> None:
         """Read one object (``fetched``: its bytes and version, already downloaded)."""
@@ -430,12 +467,12 @@ class _Ingest:
             )
             if (same_object and last["status"] == "partial") or grown:
                 start, first_line = last["end_offset"], last["end_line"] + 1
-                if grown and _finishes_counted_line(raw, start):
-                    start += 1  # the newline that ended the last line read (it had none then)
                 fmt, engine_id = last["format"], last["engine_id"]
         try:
+            if start and not compressed and _finishes_counted_line(raw, start):
+                start += 1  # the newline that ended the last line read (it had none then)
             handle = _from(raw, start, compressed)
-        except OSError as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raw.close()
             self.batch.sources.append(
                 self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown", version)
@@ -822,7 +859,7 @@ def ingest(
             run.explicit_model(model)
         run.progress = _Progress(progress, sum(o.size for o in objects))
         try:
-            for obj, fetched in _prefetch(objects, run.listed_unchanged):
+            for obj, fetched in _prefetch(objects, run.may_be_unchanged):
                 run.object(obj, fetched)
             run.note_gone(prefixes)
             run.maybe_commit(force=True)
@@ -831,8 +868,12 @@ def ingest(
                 run.wait()
             finally:
                 run.writer.shutdown(wait=True)
-        # many small runs leave many small files: merge them now and then
-        run.summary.compacted_batches = store.compact()
+        # many small runs leave many small files: merge them now and then (every batch is
+        # committed by now, so a compaction that fails costs nothing but its own work)
+        try:
+            run.summary.compacted_batches = store.compact()
+        except (OSError, HybridtraceError) as exc:
+            run.summary.compaction_error = redact(str(exc))
     run.progress.update(run.summary, run.done_bytes, force=True)
     run.progress.close()
     run.summary.seconds = time.monotonic() - started
