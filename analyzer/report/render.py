@@ -43,7 +43,17 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _number
     env.filters["ratio"] = lambda v: "–" if v is None else f"{v:.4f}"
     env.filters["md"] = _markdown_text
+    env.filters["mdcode"] = _markdown_code
     return env
+
+
+def _markdown_code(value) -> str:
+    """A value as a Markdown code span: shown exactly, never interpreted."""
+    text = " ".join(str(value).split())
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 _MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
