@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hybridtrace.ingest.run import IngestSummary, ingest
 from hybridtrace.report import write_report
+from hybridtrace.report.data import rows as query_rows
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
 from hybridtrace.store import Store
 
@@ -70,8 +71,7 @@ def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResul
     con = Store(store).connect()
 
     def rows(sql: str) -> list[dict]:
-        relation = con.sql(sql)
-        return [dict(zip(relation.columns, r, strict=True)) for r in relation.fetchall()]
+        return query_rows(con, sql)
 
     sections = [
         (

@@ -400,13 +400,7 @@ class _Ingest:
 
     def listed_unchanged(self, obj: ObjectRef) -> bool:
         """True when the listing alone says the object is as last read (nothing to open)."""
-        last = self.previous.get(obj.uri)
-        return bool(
-            last
-            and last["status"] not in ("partial", "deleted")
-            and last["size_bytes"] == obj.size
-            and last["mtime"] == obj.mtime
-        )
+        return self.may_be_unchanged(obj) and self.previous[obj.uri]["mtime"] == obj.mtime
 
     def may_be_unchanged(self, obj: ObjectRef) -> bool:
         """True when the object is unchanged, or may be (same size: its version will say)."""
@@ -420,7 +414,7 @@ class _Ingest:
         uri, size, mtime = obj.uri, obj.size, obj.mtime
         self.seen.add(uri)
         last = self.previous.get(uri)
-        unchanged = last and last["status"] not in ("partial", "deleted") and last["size_bytes"] == size
+        unchanged = self.may_be_unchanged(obj)
         if self.listed_unchanged(obj):
             summary.objects_skipped += 1
             self.done_bytes += size

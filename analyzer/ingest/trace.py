@@ -209,8 +209,9 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
 STATE_GROUP_KINDS = ("mamba",)
 
 
-def _group_bytes_polars() -> list[pl.Expr]:
-    groups = pl.col("groups")
+def _group_bytes_polars(groups: pl.Expr | None = None) -> list[pl.Expr]:
+    """(attention, state) bytes of each read from its groups (a list of structs)."""
+    groups = pl.col("groups") if groups is None else groups
     state = pl.element().struct.field("kind").is_in(list(STATE_GROUP_KINDS))
     has_groups = groups.list.len() > 0
     return [
@@ -223,16 +224,12 @@ def _group_bytes_polars() -> list[pl.Expr]:
     ]
 
 
-def group_bytes_sql(groups: str) -> tuple[str, str]:
-    """SQL for (attention, state) bytes of a read from its groups JSON text."""
-    kinds = ", ".join(f"'{k}'" for k in STATE_GROUP_KINDS)
-    g = f"json_transform({groups}, '[{{\"kind\": \"VARCHAR\", \"bytes\": \"BIGINT\"}}]')"
-
-    def summed(test: str) -> str:
-        return f"CASE WHEN len({g}) > 0 THEN coalesce(list_sum([x.bytes FOR x IN {g} IF {test}]), 0) END"
-
-    attention, state = summed(f"x.kind NOT IN ({kinds})"), summed(f"x.kind IN ({kinds})")
-    return attention, state
+def _with_group_bytes(rows: pa.Table) -> pa.Table:
+    """Transfer rows whose groups are JSON text, with their bytes by cache type added."""
+    groups = pl.col("groups").str.json_decode(pl.List(pl.Struct({"kind": pl.String, "bytes": pl.Int64})))
+    frame = pl.from_arrow(rows)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.with_columns(_group_bytes_polars(groups)).to_arrow()
 
 
 def _structure() -> str:
@@ -349,15 +346,14 @@ def _project(
     day = ", CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in columns else ""
     if table == "engines":
         day += ", 'trace' AS source_kind"
-    if table == "transfers":
-        attention, state = group_bytes_sql("groups")
-        day += f", {attention} AS attention_transported_bytes, {state} AS state_transported_bytes"
     rows = con.sql(
         f"""
         SELECT {", ".join(columns)}{day}, '{source_id}' AS source_id, line_number
         FROM _typed WHERE reason IS NULL ORDER BY line_number
         """
     ).to_arrow_table()
+    if table == "transfers":  # the same sums as the fast path, from the same expressions
+        rows = _with_group_bytes(rows)
     bad = con.sql(
         f"SELECT line_number, reason, left(text, {RAW_LIMIT}) AS raw FROM _typed WHERE reason IS NOT NULL"
     ).to_arrow_table()
