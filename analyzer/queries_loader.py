@@ -2,8 +2,8 @@
 
 Each ``.sql`` file is one module of ``CREATE VIEW`` statements. Files whose names start
 with ``_`` hold private helpers and load first; the rest load in name order, and a
-module that refers to a view of a later one is retried once that one is in, so modules
-need not be named for their dependencies.
+statement that refers to a view of a later module is retried once that one is in, so
+modules need not be named for their dependencies.
 """
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ def sql_modules() -> list[tuple[str, str]]:
 
 
 def install_views(con: duckdb.DuckDBPyConnection) -> None:
-    pending = sql_modules()
+    # Statement by statement: one that refers to a view not created yet waits for the next
+    # round, and nothing already created is created again (each creation binds the view).
+    pending = [(name, sql) for name, text in sql_modules() for sql in con.extract_statements(text)]
     while pending:
-        failed: list[tuple[str, str, duckdb.Error]] = []
-        for name, text in pending:
+        failed: list[tuple[str, duckdb.Statement, duckdb.Error]] = []
+        for name, statement in pending:
             try:
-                con.execute(text)
+                con.execute(statement)
             except duckdb.CatalogException as exc:  # refers to a view of a module not loaded yet
-                failed.append((name, text, exc))
+                failed.append((name, statement, exc))
         if len(failed) == len(pending):
             name, _, exc = failed[0]
             raise RuntimeError(f"queries/{name}: {exc}") from exc
-        pending = [(name, text) for name, text, _ in failed]
+        pending = [(name, statement) for name, statement, _ in failed]

@@ -39,35 +39,60 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
 --   excess_bytes           transported − expected (positive: more than a correct connector moves)
 --   padding_gap_bytes      reserved − expected: what sending padded state pages would add
 --   padding_layers_bytes   the padding layers' state pages: what sending them as well would add
+-- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request.
+CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS greatest(1, remote_tp_size // tp_size);
+
+-- _expected_attention_bytes(b, block, tokens, share): attention bytes as whole blocks; a
+-- model without attention layers (B = 0, no block size) moves none.
+CREATE OR REPLACE MACRO _expected_attention_bytes(b, block, tokens, share) AS
+    CASE WHEN b = 0 OR block IS NULL THEN 0 ELSE (tokens + block - 1) // block * block * b // share END;
+
+-- _reserved_state_bytes(padded_state, s, state_blocks, share): state as allocator pages.
+CREATE OR REPLACE MACRO _reserved_state_bytes(padded_state, s, state_blocks, share) AS
+    coalesce(padded_state, s) * state_blocks // share;
+
+-- _request_model: what sizing a request's reads needs — its tokens and state blocks, and
+-- its decode engine's per-rank byte model — for requests of an engine with a sized model.
+--
+-- Columns:
+--   engine_id, request_id              the request
+--   tokens (T), state_blocks (J)       transferred tokens, state blocks read (default 1)
+--   b, s, block                        bytes per token, state bytes, block tokens (per rank)
+--   padded_state                       one state block as the allocator pages it, all layers
+--   padding_layer_state                the padding layers' pages of one state block
+CREATE OR REPLACE VIEW _request_model AS
+SELECT
+    r.engine_id, r.request_id,
+    r.transferred_tokens AS tokens,
+    coalesce(r.state_blocks, 1) AS state_blocks,
+    m.attention_bytes_per_token AS b,
+    m.state_bytes AS s,
+    m.block_tokens AS block,
+    m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
+    m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state
+FROM requests r
+JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
+
 CREATE OR REPLACE VIEW transfer_bytes AS
 WITH base AS (
     SELECT
         t.engine_id, t.request_id, t.rank, t.remote_engine_id, t.remote_rank, t.ts, t.status,
-        r.transferred_tokens AS tokens,
-        coalesce(r.state_blocks, 1) AS state_blocks,
-        greatest(1, t.remote_tp_size // t.tp_size) AS share,
-        m.attention_bytes_per_token AS b,
-        m.state_bytes AS s,
-        m.block_tokens AS block,
-        m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
-        m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state,
+        q.tokens, q.state_blocks, _share(t.tp_size, t.remote_tp_size) AS share,
+        q.b, q.s, q.block, q.padded_state, q.padding_layer_state,
         t.transported_bytes,
         t.attention_transported_bytes AS attention_group_bytes,
         t.state_transported_bytes AS state_group_bytes,
         t.groups
     FROM transfers t
-    JOIN requests r USING (engine_id, request_id)
-    JOIN engine_models m ON m.engine_id = t.engine_id AND m.error IS NULL
+    JOIN _request_model q USING (engine_id, request_id)
 ),
 counted AS (
     SELECT
         *,
         b * tokens // share AS logical_attention_bytes,
         s * state_blocks // share AS logical_state_bytes,
-        -- a model without attention layers (B = 0, no block size) moves no attention bytes
-        CASE WHEN b = 0 OR block IS NULL THEN 0
-             ELSE (tokens + block - 1) // block * block * b // share END AS expected_attention_bytes,
-        coalesce(padded_state, s) * state_blocks // share AS reserved_state_bytes,
+        _expected_attention_bytes(b, block, tokens, share) AS expected_attention_bytes,
+        _reserved_state_bytes(padded_state, s, state_blocks, share) AS reserved_state_bytes,
         coalesce(padding_layer_state, 0) * state_blocks // share AS padding_layers_bytes,
         -- ingest sums the groups by cache type; stores written before it did are summed here
         CASE WHEN attention_group_bytes IS NOT NULL OR groups IS NULL THEN attention_group_bytes
@@ -92,6 +117,28 @@ SELECT
     reserved_state_bytes - logical_state_bytes AS padding_gap_bytes,
     padding_layers_bytes
 FROM counted;
+
+-- _excess_reads: the successful reads that moved more than a correct connector would
+-- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
+-- rules look at, computed once per analysis instead of materialising every read.
+CREATE OR REPLACE VIEW _excess_reads AS
+SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
+
+-- _accounting_totals: one row, in one pass over transfer_bytes.
+--
+-- Columns:
+--   reads, reads_ok                     reads accounted (sized engine, request record), successful ones
+--   logical_bytes, expected_bytes,
+--   reserved_bytes, transported_bytes   the four counts summed over the successful reads
+CREATE OR REPLACE VIEW _accounting_totals AS
+SELECT
+    count(*) AS reads,
+    count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+    sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
+    sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
+    sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
+    sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes
+FROM transfer_bytes;
 
 -- request_bytes: the four counts summed over a request's reads (all ranks).
 --

@@ -17,8 +17,8 @@ WITH leaks AS (
                 WHEN padding_layers_bytes > 0
                      AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) <= _t('excess_min_bytes')
                 THEN 'state sent as padded pages, padding layers included' END AS how
-    FROM transfer_bytes
-    WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes') AND padding_gap_bytes > 0
+    FROM _excess_reads
+    WHERE padding_gap_bytes > 0
 )
 SELECT
     'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
@@ -47,9 +47,8 @@ SELECT
         || sum(expected_state_bytes) || ' bytes' AS message,
     CAST(json_object('reads', count(*), 'state_bytes_moved', sum(transported_bytes - expected_attention_bytes),
         'state_shard_bytes', sum(expected_state_bytes), 'share', any_value(share)) AS VARCHAR) AS evidence
-FROM transfer_bytes
-WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes')
-  AND transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
+FROM _excess_reads
+WHERE transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
   AND abs(excess_bytes - padding_gap_bytes) > _t('excess_min_bytes')
   AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) > _t('excess_min_bytes')
 GROUP BY engine_id, request_id, rank;
@@ -75,18 +74,21 @@ SELECT
               || ' sits in host memory: every read is copied device<->host beside the network read' END
         AS message,
     CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
-        'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(b.reserved_bytes),
+        'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(t.reserved_bytes),
         'host_buffer_engines', coalesce(any_value(t.host_engines), []),
-        'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(b.reserved_bytes), false)) AS VARCHAR)
+        'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes), false)) AS VARCHAR)
         AS evidence
 FROM (
-    -- the staged reads first, so only they are matched with their byte counts
-    SELECT t.*, h.host_engines
+    -- the staged reads first, so only they are sized (reserved bytes as transfer_bytes has them)
+    SELECT t.*, h.host_engines,
+           _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
+           + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
+               AS reserved_bytes
     FROM transfers t
     LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    LEFT JOIN _request_model q USING (engine_id, request_id)
     WHERE t.staging_bytes > 0 OR h.host_engines IS NOT NULL
 ) t
-LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
 GROUP BY t.engine_id, t.request_id;
 
 -- finding_useless_boundary: KV arrived that the decoder could not resume from.
