@@ -56,11 +56,13 @@ GROUP BY engine_id, request_id, rank;
 -- finding_staging_copy: a read went through a host staging buffer: it says so
 -- (staging_bytes > 0), or either engine registered its KV cache in host memory
 -- (kv_buffer_device cpu in the trace, or the log's host-buffer line).
+CREATE OR REPLACE VIEW _host_buffer_engines AS
+SELECT DISTINCT engine_id FROM engines WHERE kv_buffer_device = 'cpu' OR use_host_buffer;
+
 CREATE OR REPLACE VIEW _host_buffer_pairs AS
 SELECT p.engine_id, p.remote_engine_id, list(h.engine_id ORDER BY h.engine_id) AS host_engines
 FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers) p
-JOIN (SELECT DISTINCT engine_id FROM engines WHERE kv_buffer_device = 'cpu' OR use_host_buffer) h
-  ON h.engine_id IN (p.engine_id, p.remote_engine_id)
+JOIN _host_buffer_engines h ON h.engine_id IN (p.engine_id, p.remote_engine_id)
 GROUP BY ALL;
 
 CREATE OR REPLACE VIEW finding_staging_copy AS
@@ -80,14 +82,23 @@ SELECT
         AS evidence
 FROM (
     -- the staged reads first, so only they are sized (reserved bytes as transfer_bytes has them)
-    SELECT t.*, h.host_engines,
+    SELECT t.*,
            _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
            + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
                AS reserved_bytes
-    FROM transfers t
-    LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    FROM (
+        -- the reads are picked by engine before the pairs are joined: an outer join of
+        -- every read with the (usually empty) pairs costs more than the whole rule
+        SELECT t.*, h.host_engines
+        FROM (
+            SELECT * FROM transfers
+            WHERE staging_bytes > 0
+               OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
+               OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
+        ) t
+        LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    ) t
     LEFT JOIN _request_model q USING (engine_id, request_id)
-    WHERE t.staging_bytes > 0 OR h.host_engines IS NOT NULL
 ) t
 GROUP BY t.engine_id, t.request_id;
 
