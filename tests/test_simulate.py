@@ -106,6 +106,18 @@ def test_same_seed_same_bytes(tmp_path):
     assert digest(tmp_path / "a") != digest(tmp_path / "c")
 
 
+def test_same_seed_same_bytes_at_scale(tmp_path):
+    # Large enough that polars splits aggregations between threads: every sum that reaches
+    # a file must not depend on how the rows were split (the scrapes' float sums did).
+    options = SimOptions(requests=100_000, inject=parse_inject("all"))
+    runs = []
+    for name in ("a", "b", "c"):
+        simulate(options, tmp_path / name)
+        runs.append(digest(tmp_path / name))
+    assert runs[0] == runs[1] == runs[2]
+    assert any(name.endswith(".prom") for name in runs[0])
+
+
 def test_every_kind_injected(tmp_path):
     options = SimOptions(
         seed=7, inject={k: 1.0 if k in ("slow_rank", "config_mismatch") else 0.2 for k in INJECTABLE}

@@ -129,6 +129,17 @@ def kv_metrics_line(xfer: list[float], post: list[float], total_bytes: int, desc
     return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in values.items())
 
 
+def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
+    """(ts, order, line) per row. Building one string column from many pieces runs on one
+    thread, so the rows are cut in as many slices as there are threads, encoded together."""
+    parts = max(1, min(pl.thread_pool_size(), frame.height // 50_000))
+    step = -(-frame.height // parts)
+    lazy = frame.lazy().select(pl.col("ts"), pl.lit(order).alias("order"), record.alias("line"))
+    if parts == 1:
+        return lazy.collect()
+    return pl.concat(pl.collect_all([lazy.slice(i * step, step) for i in range(parts)]))
+
+
 def _write_lines(handle: BinaryIO, lines: pl.Series) -> None:
     """Each line as is, newline-terminated (a one-column CSV without quoting is exactly that)."""
     if lines.len():
@@ -314,8 +325,8 @@ class _EngineFiles:
         self._access_lines(requests)
 
     def _trace(self, requests: pl.DataFrame, reads: pl.DataFrame) -> None:
-        transfers = reads.select(pl.col("ts"), pl.lit(0).alias("order"), _transfer_json().alias("line"))
-        asked = requests.select(pl.col("ts"), pl.lit(1).alias("order"), _request_json().alias("line"))
+        transfers = _encoded(reads, _transfer_json(), 0)
+        asked = _encoded(requests, _request_json(), 1)
         merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
         _write_lines(self.trace, merged["line"])
         self.counts["transfers"] += reads.height
@@ -346,8 +357,15 @@ class _EngineFiles:
             edges = pl.Series([float(b) for b in bounds])
             buckets = edges.search_sorted(scrape[column].cast(pl.Float64), side="left")
             grouped = pl.DataFrame({"k": scrape["k"], "b": buckets, "v": scrape[column].cast(pl.Float64)})
+            # Each group's values are gathered in row order and then summed as one list: a
+            # float sum inside a parallel group_by depends on how the rows were split
+            # between threads, and the same seed must give the same bytes.
             for k, b, count, total in (
-                grouped.group_by(["k", "b"]).agg(pl.len(), pl.col("v").sum()).sort(["k", "b"]).iter_rows()
+                grouped.group_by(["k", "b"])
+                .agg(pl.len(), pl.col("v"))
+                .with_columns(pl.col("v").list.sum())
+                .sort(["k", "b"])
+                .iter_rows()
             ):
                 counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
                 sums = self.scrape_sums.setdefault(k, [0.0] * len(HISTOGRAMS))
