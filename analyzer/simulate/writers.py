@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import polars as pl
+import pyarrow as pa
 
 from hybridtrace.simulate.workload import Block, Plan
 
@@ -65,6 +66,7 @@ def _json_record(record_type: str, fields: tuple[str, ...], strings: set[str]) -
 
 
 def _transfer_json() -> pl.Expr:
+    """One transfer record per row, newline included."""
     strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status", "link"}
     pieces = _json_record("transfer", tuple(f for f in _TRANSFER_FIELDS if f != "groups"), strings)
     groups = [
@@ -72,14 +74,14 @@ def _transfer_json() -> pl.Expr:
         pl.lit(',"bytes":'), pl.col("attention").cast(pl.String),
         pl.lit(',"descriptors":'), (pl.col("descriptors") - pl.col("state_descs")).cast(pl.String),
         pl.lit('},{"group":1,"kind":"mamba","blocks":1,"bytes":'), pl.col("state").cast(pl.String),
-        pl.lit(',"descriptors":'), pl.col("state_descs").cast(pl.String), pl.lit("}]}"),
+        pl.lit(',"descriptors":'), pl.col("state_descs").cast(pl.String), pl.lit("}]}\n"),
     ]  # fmt: skip
     return pl.concat_str([*pieces, *groups])
 
 
 def _request_json() -> pl.Expr:
     strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status"}
-    return pl.concat_str([*_json_record("request", _REQUEST_FIELDS, strings), pl.lit("}")])
+    return pl.concat_str([*_json_record("request", _REQUEST_FIELDS, strings), pl.lit("}\n")])
 
 
 def _head(level: str, stamp: str, where: str, process: str, colour: bool) -> str:
@@ -140,10 +142,20 @@ def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
     return pl.concat(pl.collect_all([lazy.slice(i * step, step) for i in range(parts)]))
 
 
-def _write_lines(handle: BinaryIO, lines: pl.Series) -> None:
-    """Each line as is, newline-terminated (a one-column CSV without quoting is exactly that)."""
-    if lines.len():
-        lines.to_frame("line").write_csv(handle, include_header=False, quote_style="never")
+def _write_lines(handle: BinaryIO, lines: pl.Series, *, terminated: bool = False) -> None:
+    """Each line as is, newline-terminated (``terminated``: each ends with its newline).
+
+    The column's bytes are the file's bytes, so they are written as they lie in memory:
+    formatting them again (as a CSV writer would) costs more than producing them.
+    """
+    if not lines.len():
+        return
+    array = (lines if terminated else lines + "\n").to_arrow()
+    if not isinstance(array, pa.LargeStringArray):
+        array = array.cast(pa.large_string())
+    _, offsets, data = array.buffers()
+    bounds = memoryview(offsets).cast("q")
+    handle.write(memoryview(data)[bounds[array.offset] : bounds[array.offset + len(array)]])
 
 
 class _EngineFiles:
@@ -155,8 +167,9 @@ class _EngineFiles:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace = open(self.folder / "trace.jsonl", "wb")  # noqa: SIM115 - closed in close()
         self.trace.write((json.dumps(self._engine_record(), sort_keys=True) + "\n").encode())
-        # gzip without a timestamp, so the same lines give the same bytes
-        self.rotated = gzip.GzipFile(self.folder / "vllm.log.1.gz", "wb", mtime=0)
+        # gzip without a timestamp, so the same lines give the same bytes; level 6, as
+        # logrotate's gzip compresses by default
+        self.rotated = gzip.GzipFile(self.folder / "vllm.log.1.gz", "wb", compresslevel=6, mtime=0)
         self.live = open(self.folder / "vllm.log", "wb")  # noqa: SIM115 - closed in close()
         self.rotate_at = self.options.start_ts + self.options.duration_s / 2
         self.pending: list[tuple[float, int, str]] = []  # log lines not yet written (a heap)
@@ -328,7 +341,7 @@ class _EngineFiles:
         transfers = _encoded(reads, _transfer_json(), 0)
         asked = _encoded(requests, _request_json(), 1)
         merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
-        _write_lines(self.trace, merged["line"])
+        _write_lines(self.trace, merged["line"], terminated=True)
         self.counts["transfers"] += reads.height
         self.counts["requests"] += requests.height
 
