@@ -39,8 +39,10 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
 --   excess_bytes           transported − expected (positive: more than a correct connector moves)
 --   padding_gap_bytes      reserved − expected: what sending padded state pages would add
 --   padding_layers_bytes   the padding layers' state pages: what sending them as well would add
--- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request.
-CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS greatest(1, remote_tp_size // tp_size);
+-- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request; null
+-- for a TP size below 1 (ingest rejects those; an older store may hold them).
+CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS
+    CASE WHEN tp_size >= 1 AND remote_tp_size >= 1 THEN greatest(1, remote_tp_size // tp_size) END;
 
 -- _expected_attention_bytes(b, block, tokens, share): attention bytes as whole blocks; a
 -- model without attention layers (B = 0, no block size) moves none.

@@ -88,3 +88,9 @@ def test_group_bytes_of_a_store_written_before_ingest_summed_them(store):
     got = store.execute("SELECT _group_bytes(?, false), _group_bytes(?, true), _group_bytes('[]', true)",
                         [groups, groups]).fetchall()  # fmt: skip
     assert got == [(530, 7000, None)]
+
+
+def test_a_read_with_no_valid_tp_size_has_no_share(store):
+    # ingest rejects a TP size below 1; a store written before it did must not divide by it
+    shares = store.sql("SELECT _share(2, 4), _share(4, 2), _share(0, 4), _share(4, 0), _share(NULL, 4)")
+    assert shares.fetchall() == [(2, 1, None, None, None)]

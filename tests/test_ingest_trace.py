@@ -256,6 +256,10 @@ def test_a_bad_line_sends_its_chunk_down_the_careful_path():
         json.dumps({**record, "rank": 1.5}).encode(),
         json.dumps({**record, "rank": True}).encode(),
         json.dumps({**record, "xfer_s": "0.1"}).encode(),
+        # values of the right type that no deployment has
+        json.dumps({**record, "tp_size": 0}).encode(),
+        json.dumps({**record, "rank": record["tp_size"]}).encode(),
+        json.dumps({**record, "remote_rank": -1}).encode(),
     ]
     for bad in bad_lines:
         block = b"\n".join([*good, bad])
@@ -269,6 +273,9 @@ def test_a_bad_line_sends_its_chunk_down_the_careful_path():
         "wrong type for rank",
         "wrong type for rank",
         "wrong type for xfer_s",
+        "tp_size out of range: 0",
+        f"rank out of range: {record['tp_size']}",
+        "remote_rank out of range: -1",
     ]
 
 

@@ -5,8 +5,9 @@ NDJSON reader against a fixed schema and checked in bulk. A chunk that fails any
 goes through DuckDB line by line-in-bulk: every line is decoded and parsed once, and the
 bad ones are diagnosed. A record is rejected (never dropped) when its bytes are not
 UTF-8, it is not a JSON object, its ``type``/``v`` is unknown, a required field is
-missing, or a field has the wrong type. Unknown extra fields are ignored; an id given as
-a number is read as its text. Both paths give the same rows.
+missing, a field has the wrong type, or a TP size or rank is out of range. Unknown extra
+fields are ignored; an id given as a number is read as its text. Both paths give the
+same rows.
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ RECORD_TYPES = {
     "request": ("requests", _REQUEST),
     "engine": ("engines", _ENGINE),
 }
+# Values a field's type allows but a deployment cannot have, per record type:
+# (trace field, SQL condition on table columns, polars condition on trace fields). A
+# TP size below 1 or a rank outside its TP would divide by zero or count a rank twice.
+_RANGES = {
+    "transfer": (
+        ("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1),
+        ("remote_tp_size", "remote_tp_size >= 1", pl.col("remote_tp_size") >= 1),
+        ("rank", "rank BETWEEN 0 AND tp_size - 1", pl.col("rank").is_between(0, pl.col("tp_size") - 1)),
+        ("remote_rank", "remote_rank BETWEEN 0 AND remote_tp_size - 1",
+         pl.col("remote_rank").is_between(0, pl.col("remote_tp_size") - 1)),
+    ),
+    "engine": (("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1),),
+}  # fmt: skip
 _ENUMS = {
     "transfer": {"status": ("ok", "failed", "expired")},
     "request": {"status": ("ok", "failed", "expired", "recomputed")},
@@ -164,6 +178,8 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
         for column, allowed in _ENUMS.get(rtype, {}).items():
             name = next(n for n, c, _, _ in fields if c == column)
             checks.append(~of_type | pl.col(name).is_in(list(allowed)) | pl.col(name).is_null())
+        for _, _, allowed in _RANGES.get(rtype, ()):
+            checks.append(~of_type | allowed.fill_null(False))
     if not frame.select(pl.all_horizontal(checks).all()).item():
         return None
     frame = frame.with_columns(
@@ -334,6 +350,9 @@ def _project(
     for column, allowed in _ENUMS.get(rtype, {}).items():
         listing = ", ".join(f"'{v}'" for v in allowed)
         checks.append(f"WHEN {column} NOT IN ({listing}) THEN 'unknown {column} ' || {column}")
+    for name, condition, _ in _RANGES.get(rtype, ()):
+        column = next(c for n, c, _, _ in fields if n == name)
+        checks.append(f"WHEN NOT ({condition}) THEN '{name} out of range: ' || {column}")
     reason = "CASE " + " ".join(checks) + " END"
     con.execute(
         f"""

@@ -150,6 +150,8 @@ def _write_lines(handle: BinaryIO, lines: pl.Series, *, terminated: bool = False
     """
     if not lines.len():
         return
+    if lines.null_count():  # a record built from a null piece is null as a whole
+        raise ValueError("a line to write is null: a field it is built from has no value")
     array = (lines if terminated else lines + "\n").to_arrow()
     if not isinstance(array, pa.LargeStringArray):
         array = array.cast(pa.large_string())
