@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from loggen import ENGINE_ID, REMOTE_ID, decode_log, prefill_log, vllm_line
+from loggen import ENGINE_ID, REMOTE_ID, decode_log, kv_metrics, prefill_log, vllm_line
 
 from hybridtrace.ingest.run import ingest
 from hybridtrace.store import Store
@@ -169,3 +169,132 @@ def test_unparseable_recognised_line_is_a_reject(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s")
     rejects = rows(tmp_path / "s", "SELECT line_number, reason FROM rejects ORDER BY line_number")
     assert rejects == [(1, "KV Transfer metrics line whose fields do not parse"), (2, "invalid UTF-8")]
+
+
+def test_a_log_whose_every_line_a_collector_stamped_is_recognised(tmp_path):
+    for name, wrap in (("k8s", "2026-04-21T10:05:21.123456789Z "), ("pipe", "2026-04-21 10:05:21.213 | ")):
+        text = "\n".join(
+            wrap + line
+            for line in (
+                vllm_line(
+                    "Releasing expired KV blocks for request cmpl-a which were retrieved by 0 decode "
+                    "worker(s) within 480 seconds.",
+                    level="WARNING",
+                    stamp="04-21 10:05:21",
+                    process="Worker_TP1 pid=306",
+                ),
+                vllm_line("done", stamp="04-21 10:05:22", process="Worker_TP0 pid=305"),
+            )
+        )
+        write(tmp_path / "in" / name / "vllm.log", text + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT count(*) FROM sources WHERE format = 'vllm_log'") == [(2,)]
+    assert rows(tmp_path / "s", "SELECT engine_id, request_id FROM log_events ORDER BY engine_id") == [
+        ("k8s", "cmpl-a"),
+        ("pipe", "cmpl-a"),
+    ]
+    assert rows(tmp_path / "s", "SELECT tp_size FROM engines") == [(2,), (2,)]
+
+
+def test_a_failure_whose_traceback_holds_braces_keeps_its_context(tmp_path):
+    context = {"failure_type": "handshake_setup_failed", "request_id": None, "engine_id": ENGINE_ID,
+               "remote_engine_id": REMOTE_ID}  # fmt: skip
+    message = "\n".join(
+        [
+            f"NIXL transfer failure: handshake_setup_failed | Context: {context!r}",
+            "Traceback (most recent call last):",
+            '  File "base_worker.py", line 698, in done_callback',
+            "RuntimeError: NIXL compatibility hash mismatch. Local: 3fc700da, Remote: 161228f0. Prefill and "
+            "decode instances have incompatible configurations. Set "
+            "'{\"kv_connector_extra_config\": {\"enforce_handshake_compat\": false}}' to skip it.",
+        ]
+    )
+    line = vllm_line(message, level="ERROR", stamp="04-21 10:05:12")
+    write(tmp_path / "in" / "d" / "vllm.log", line + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, remote_engine_id, details FROM log_events ORDER BY kind")
+    assert [e[:2] for e in events] == [("handshake_mismatch", REMOTE_ID), ("transfer_failed", REMOTE_ID)]
+    assert json.loads(events[0][2]) == {"local_hash": "3fc700da", "remote_hash": "161228f0"}
+    assert rows(tmp_path / "s", "SELECT count(*) FROM rejects") == [(0,)]
+
+
+def test_a_failed_notification_is_not_a_failed_read(tmp_path):
+    context = {"failure_type": "notification_failed", "request_id": "cmpl-n-0-1", "engine_id": ENGINE_ID,
+               "dst_engine_id": REMOTE_ID, "remote_rank": 0}  # fmt: skip
+    message = ("NIXL transfer failure: notification_failed. P worker blocks will be freed after timeout. "
+               f"This may indicate network issues. | Context: {context!r}")  # fmt: skip
+    write(tmp_path / "in" / "d" / "vllm.log", vllm_line(message, level="ERROR") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, request_id FROM log_events")
+    assert events == [("notification_failed", "cmpl-n-0-1")]
+
+
+def test_processes_interleaved_across_new_year(tmp_path):
+    warning = "Releasing expired KV blocks for request cmpl-{} which were retrieved by 0 decode worker(s) " \
+              "within 480 seconds."  # fmt: skip
+    lines = [
+        vllm_line(warning.format(1), level="WARNING", stamp="12-31 23:59:59", process="Worker_TP0 pid=1"),
+        vllm_line(warning.format(2), level="WARNING", stamp="01-01 00:00:00", process="Worker_TP1 pid=2"),
+        vllm_line(warning.format(3), level="WARNING", stamp="12-31 23:59:59", process="Worker_TP0 pid=1"),
+        vllm_line(warning.format(4), level="WARNING", stamp="01-01 00:00:05", process="Worker_TP1 pid=2"),
+    ]
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n", mtime=datetime(2027, 1, 2, tzinfo=UTC))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    stamps = [r[0] for r in rows(tmp_path / "s", "SELECT ts FROM log_events ORDER BY line_number")]
+    late, early = datetime(2026, 12, 31, 23, 59, 59, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)
+    assert stamps == [late.timestamp(), early.timestamp(), late.timestamp(), early.timestamp() + 5]
+
+
+def test_a_log_written_through_a_tty_ends_every_line_in_cr(tmp_path):
+    warning = "Releasing expired KV blocks for request cmpl-{} which were retrieved by 0 decode worker(s) " \
+              "within 480 seconds."  # fmt: skip
+    # a terminal turns \n into \r\n, so vLLM's \r\n between the lines of one message becomes \r\r\n
+    lines = [
+        vllm_line(warning.format("a"), level="WARNING", stamp="04-21 10:00:00").replace("\r\n", "\r\r\n"),
+        vllm_line(warning.format("b"), level="WARNING", stamp="04-21 10:00:01"),
+        vllm_line(
+            "Worker failed\nTraceback (most recent call last):\nValueError: boom",
+            level="ERROR",
+            stamp="04-21 10:00:02",
+        ).replace("\r\n", "\r\r\n"),
+        kv_metrics(1, 3.056, 14.0, "04-21 10:00:03"),
+    ]
+    write(tmp_path / "in" / "d" / "vllm.log", "".join(line + "\r\n" for line in lines))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT kind, request_id, message FROM log_events ORDER BY line_number")
+    assert [e[:2] for e in events] == [("kv_expired", "cmpl-a"), ("kv_expired", "cmpl-b"), ("error", None)]
+    assert events[2][2] == "Worker failed\nTraceback (most recent call last):\nValueError: boom"
+    assert rows(tmp_path / "s", "SELECT transfers FROM intervals") == [(1,)]
+
+
+def test_interval_lines_with_other_fields_than_the_first_keep_them(tmp_path):
+    messages = [
+        "KV Transfer metrics: Num successful transfers=0, Num failed transfers=2, Num KV expired reqs=0",
+        "KV Transfer metrics: NixlConnector={'Num successful transfers': 4, 'Avg xfer time (ms)': "
+        "np.float64(3.5), 'Avg MB per transfer': np.float64(14.0), 'Throughput (MB/s)': 4000.0}",
+    ]
+    lines = [
+        vllm_line(message, stamp=f"04-21 10:0{5 + i}:51", where="metrics.py:103", process="APIServer pid=1")
+        for i, message in enumerate(messages)
+    ]
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    intervals = rows(tmp_path / "s", "SELECT transfers, failed_transfers, avg_xfer_s, avg_mib_per_transfer, "
+                                     "throughput_mib_s FROM intervals ORDER BY end_ts")  # fmt: skip
+    assert intervals == [(0, 2, None, None, None), (4, None, pytest.approx(0.0035), 14.0, 4000.0)]
+
+
+def test_tp_size_from_the_transfer_plan_or_from_worker_names(tmp_path):
+    plan = (
+        "Transfer plan: TransferTopology(tp_ratio=1, num_kv_heads=8, local_tp=4, remote_tp=4, "
+        "local_rank=0, remote_block_len=32768)"
+    )
+    write(tmp_path / "in" / "planned" / "vllm.log", vllm_line(plan) + "\n")
+    # only rank 0 spoke, but vLLM names workers Worker_TP<r> only at TP 2 or more
+    write(tmp_path / "in" / "named" / "vllm.log", vllm_line("Detected kv cache layout HND") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    # worker names give a lower bound, a transfer plan the size: the engine's is the largest
+    assert rows(tmp_path / "s", "SELECT engine_id, max(tp_size) FROM engines GROUP BY ALL ORDER BY 1") == [
+        ("named", 2),
+        ("planned", 4),
+    ]

@@ -280,7 +280,7 @@ def _line_chunks(handle: BinaryIO) -> Iterator[tuple[_Lines, int, bytes]]:
 
 
 def _reject_rows(rows: list[dict] | pa.Table, source_id: str, uri: str, fmt: str, now: float) -> pa.Table:
-    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
+    table = rows if isinstance(rows, pa.Table) else _rows_table(rows)
     n = table.num_rows
     if n == 0:
         return table_schema("rejects").arrow_schema().empty_table()
@@ -652,9 +652,7 @@ class _ObjectReader:
         self._reject(row, bad + rejects)
         if samples:
             instance = _folder_engine_id(self.obj)
-            table = pa.Table.from_pylist(
-                [{**s, "instance": instance, "source_id": row["source_id"]} for s in samples]
-            )
+            table = _rows_table([{**s, "instance": instance, "source_id": row["source_id"]} for s in samples])
             self._add(row, "prom_samples", _with_day(table, "ts"))
 
     def _parse_log(self, row: dict, lines: _Lines, first_line: int, final: bool) -> tuple[int, int]:
@@ -695,7 +693,7 @@ class _ObjectReader:
             self._add(row, "log_events", _with_day(hashed, "ts"))
         if result.intervals:
             rows = vllm_log.intervals_with_starts(self.log_ctx, result.intervals)
-            table = pa.Table.from_pylist(
+            table = _rows_table(
                 [{**r, "engine_id": engine_id, "source_kind": "log", "source_id": sid} for r in rows]
             )
             self._add(row, "intervals", _with_day(table, "end_ts"))
@@ -808,6 +806,12 @@ def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]
 def _folder_engine_id(obj: ObjectRef) -> str:
     """Without a NIXL engine id in the log, the instance is named by its folder."""
     return obj.folder or obj.stem
+
+
+def _rows_table(rows: list[dict]) -> pa.Table:
+    """Rows as a table with every key any row has (``from_pylist`` takes the first row's)."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return pa.Table.from_pylist([{key: row.get(key) for key in keys} for row in rows])
 
 
 def _with_day(table: pa.Table, ts_column: str) -> pa.Table:

@@ -10,7 +10,8 @@ prefix and ANSI colour optional, the opening ``[`` missing in older versions, an
 ``\\r`` ending a line whose message continues on the next (vLLM repeats the prefix on
 every continuation line). Tracebacks printed without a header attach to the event
 before them. The stamp has no year: it comes from ``--year`` or from the object's
-modification time, with a December→January rollover counted.
+modification time, with a December→January rollover counted. A container run with a
+TTY ends every line in ``\r``; then a second ``\r`` marks a continued message.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ INTERESTING = (
     "NIXL transfer failure:",
     "KV load failure",
     "Skipping KV post-processing",
+    "Transfer plan: TransferTopology(",
 )
 
 _KV_KEYS = {
@@ -95,7 +97,12 @@ _UNRECOGNISED_READ = re.compile(
     r"Potentially invalid KV blocks for unrecognized request (\S+) were retrieved"
 )
 _DECLINED = re.compile(r"Declining expired remote read for (\S+) from engine (\S+?)\.?$")
-_FAILURE = re.compile(r"NIXL transfer failure: (.*?) \| Context: (\{.*\})", re.S)
+# The context is the dict on the event's first line: a traceback may follow it, with
+# braces of its own (vLLM's mismatch message quotes a JSON config).
+_FAILURE = re.compile(r"NIXL transfer failure: (.*?) \| Context: (\{.*\})")
+# Failures of the notification that tells the prefill side a read finished: the read
+# itself went through, so they are not failed reads.
+_NOT_A_READ = ("notification_failed",)
 _LOAD_FAILED = re.compile(
     r"Failing (\d+) request\(s\) due to KV load failure \(failure_policy=(\w+), (\d+) tokens affected\)\. "
     r"Request IDs: (.*)$",
@@ -105,7 +112,7 @@ _LOAD_RECOVERED = re.compile(
     r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)"
 )
 _POST_SKIPPED = re.compile(r"Skipping KV post-processing for failed request (\S+)")
-_HASH_MISMATCH = re.compile(r"NIXL compatibility hash mismatch\. Local: ([^,\s]+),? Remote: (\S+)")
+_HASH_MISMATCH = re.compile(r"NIXL compatibility hash mismatch\. Local: (\w+),? Remote: (\w+)")
 _HASH_OK = re.compile(r"NIXL compatibility check passed \(hash: (\w+)\)")
 _ENGINE_STATS = re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated): (.*)$")
 _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
@@ -118,6 +125,7 @@ _REGISTER = re.compile(
     r"Registering KV_Caches\. use_mla: (\w+), kv_buffer_device: (\w+), use_host_buffer: (\w+)"
 )
 _LAYOUT = re.compile(r"Detected kv cache layout (\w+)")
+_TOPOLOGY = re.compile(r"Transfer plan: TransferTopology\(.*\blocal_tp=(\d+)")
 _RANK = re.compile(r"_TP(\d+)|rank=(\d+)")
 
 
@@ -132,10 +140,14 @@ class LogContext:
     engine_id: str | None = None  # from a previous read of this object
     fallback_engine_id: str = "unknown"
     carry: list[tuple[int, str]] = field(default_factory=list)  # lines of an unfinished event
+    # every line ends in \r (a container run with a TTY): a message continues on the next
+    # line when its line ends in a second \r
+    tty: bool = False
     last_month: int | None = None
     year_offset: int = 0
     base_year: int | None = None
     max_tp_rank: int | None = None
+    logged_tp: int | None = None  # the TP size a transfer-plan line states
     last_interval_end: dict = field(default_factory=dict)
 
 
@@ -153,21 +165,24 @@ def looks_like_vllm_log(head: str) -> bool:
     return bool(re.search(_HEADER, re.sub(_ANSI, "", head), re.M))
 
 
-def _events_frame(frame: pl.DataFrame, final: bool) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
+def _events_frame(
+    frame: pl.DataFrame, final: bool, tty: bool = False
+) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
     """Group lines into events; return interesting events, the unfinished tail, the top TP rank.
 
     Every line gets only cheap tests (a capture-free header match, literal searches);
     the header is taken apart, and lines joined into events, only for the lines of
     events worth parsing.
     """
-    text = pl.col("raw")
+    line = pl.col("raw").str.strip_suffix("\r") if tty else pl.col("raw")
+    text = line
     if frame.select(text.str.contains("\x1b", literal=True).any()).item():
         text = text.str.replace_all(_ANSI, "")
     frame = frame.with_columns(
-        text.str.strip_suffix("\r").alias("text"), pl.col("raw").str.ends_with("\r").alias("cr")
+        text.str.strip_suffix("\r").alias("text"), line.str.ends_with("\r").alias("cr")
     )
     ranks = frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.extract(
-        r"^\(\w*_TP(\d+)"
+        r"\(\w*_TP(\d+) pid=\d+\)"
     )
     top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
@@ -219,8 +234,9 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
     """Epoch seconds of every event, and the raw stamp it came from.
 
     Stamps carry no year: the first event's year comes from ``--year`` or the object's
-    modification time, and every drop of more than six months in the month (December →
-    January) starts the next year. The state carries over to the next chunk.
+    modification time, every drop of more than six months (December → January) starts
+    the next year, and a late line stamped before that drop keeps the year before. The
+    state carries over to the next chunk.
     """
     if events.height == 0:
         return events.with_columns(
@@ -235,9 +251,24 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
             modified = datetime.fromtimestamp(ctx.mtime, ZoneInfo(ctx.tz))
             month, day = int(first["md"][:2]), int(first["md"][3:])
             ctx.base_year = modified.year - (1 if (month, day) > (modified.month, modified.day) else 0)
-    previous = months.shift(1, fill_value=ctx.last_month if ctx.last_month is not None else months[0])
-    years = (ctx.base_year + ctx.year_offset + (months < previous - 6).cast(pl.Int64).cum_sum()).alias("year")
-    local = pl.format("{}-{} {}", years, pl.col("md"), pl.col("hms")).str.to_datetime(
+    # Processes interleave, so a line stamped before the New Year can follow one after it:
+    # a month more than six behind the latest is a new year; more than six ahead, a late
+    # line of the year before. Events of interest are few, so this walks them one by one.
+    year_of: list[int] = []
+    for month in months.to_list():
+        if ctx.last_month is None:
+            ctx.last_month = month
+        if month < ctx.last_month - 6:
+            ctx.year_offset += 1
+            ctx.last_month = month
+        elif month > ctx.last_month + 6:
+            year_of.append(ctx.base_year + ctx.year_offset - 1)
+            continue
+        else:
+            ctx.last_month = max(ctx.last_month, month)
+        year_of.append(ctx.base_year + ctx.year_offset)
+    years = pl.Series("year", year_of, dtype=pl.Int64)
+    local = pl.format("{}-{} {}", pl.lit(years), pl.col("md"), pl.col("hms")).str.to_datetime(
         "%Y-%m-%d %H:%M:%S", strict=False
     )
     stamped = local.dt.replace_time_zone(
@@ -254,8 +285,6 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         (pl.coalesce(wrapped, stamped).dt.epoch("us") / 1e6).alias("ts"),
         pl.coalesce(pl.col("wrap"), pl.format("{} {}", pl.col("md"), pl.col("hms"))).alias("stamp"),
     )
-    ctx.year_offset += int((months < previous - 6).sum())
-    ctx.last_month = int(months[-1])
     return out
 
 
@@ -396,11 +425,16 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
     if ctx.carry:
         carried = pl.DataFrame(ctx.carry, schema={"line_number": pl.Int64, "raw": pl.String}, orient="row")
         frame = pl.concat([carried, frame])
-    events, ctx.carry, top_rank = _events_frame(frame, final)
+    if not ctx.tty:
+        ends = frame.filter(pl.col("raw").str.len_bytes() > 0)["raw"].str.ends_with("\r")
+        ctx.tty = ends.len() >= 2 and bool(ends.all())
+    events, ctx.carry, top_rank = _events_frame(frame, final, ctx.tty)
     if top_rank is not None and (ctx.max_tp_rank is None or top_rank > ctx.max_tp_rank):
-        # Worker_TP<r> processes exist for every rank: the highest one gives the TP size.
+        # Worker_TP<r> processes exist for every rank (vLLM names them so only at TP 2 or
+        # more): the highest rank seen gives the TP size, unless a line states it.
         ctx.max_tp_rank = int(top_rank)
-        result.engine["tp_size"] = ctx.max_tp_rank + 1
+        if ctx.logged_tp is None:
+            result.engine["tp_size"] = max(ctx.max_tp_rank + 1, 2)
     events = _with_ts(ctx, events)
     events = _bulk_kinds(events, result)
     for event in events.iter_rows(named=True):
@@ -435,6 +469,10 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         )
 
     engine = result.engine
+    if match := _TOPOLOGY.search(message):
+        ctx.logged_tp = engine["tp_size"] = int(match.group(1))
+        engine.setdefault("ts", ts)
+        return
     if match := _ENGINE_ID.search(message):
         engine.setdefault("engine_id", match.group(1))
         engine.setdefault("ts", ts)
@@ -510,12 +548,20 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
             reject("NIXL transfer failure whose context does not parse")
             return
         context["failure"] = match.group(1)
+        failure_type = str(context.get("failure_type") or match.group(1).split(".")[0])
         emit(
-            "transfer_failed",
+            "notification_failed" if failure_type in _NOT_A_READ else "transfer_failed",
             request_id=context.get("request_id"),
             remote_engine_id=context.get("remote_engine_id"),
             details=context,
         )
+        if mismatch := _HASH_MISMATCH.search(message):
+            # the handshake's traceback says why: the engines' configurations differ
+            emit(
+                "handshake_mismatch",
+                remote_engine_id=context.get("remote_engine_id"),
+                details={"local_hash": mismatch.group(1), "remote_hash": mismatch.group(2)},
+            )
         return
     if match := _LOAD_FAILED.search(message):
         ids = re.findall(r"[\w.:\-]+", match.group(4))
@@ -540,7 +586,8 @@ def _kv_pairs(body: str) -> dict | None:
     """``k=v, k=v`` pairs of the standard line, or the dict of a MultiConnector line."""
     pairs: dict[str, str] = {}
     if re.match(r"^[\w.\-]+=\{", body):  # MultiConnector: <connector>={...}
-        inner = _literal_dict(body.split("=", 1)[1])
+        # numpy 2 prints a rounded numpy scalar as np.float64(3.5)
+        inner = _literal_dict(re.sub(r"\bnp\.\w+\(([^()]*)\)", r"\1", body.split("=", 1)[1]))
         if inner is None:
             return None
         pairs = {str(k): str(v) for k, v in inner.items()}
