@@ -121,6 +121,7 @@ class ObjectRef:
     local: Path | None = None
     filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
     path: str | None = None  # bucket/key for a bucket object
+    error: str | None = None  # a folder the listing could not read: the object stands for it
 
     @property
     def name(self) -> str:
@@ -164,15 +165,37 @@ def _visible(name: str) -> bool:
 
 
 def list_local(path: Path) -> Iterator[ObjectRef]:
+    """Every visible file under ``path``; a folder that cannot be read is an object with an
+    error (the run records it and goes on), never silently missing."""
+    unreadable: list[ObjectRef] = []
+
+    def failed(exc: OSError) -> None:
+        where = Path(exc.filename or path)
+        unreadable.append(ObjectRef(str(where.resolve()), 0, 0.0, local=where,
+                                    error=f"cannot list: {exc.strerror or exc}"))  # fmt: skip
+
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and _visible(p.name))
+        found = (
+            Path(folder) / name
+            for folder, _, names in os.walk(path, onerror=failed, followlinks=True)
+            for name in names
+            if _visible(name)
+        )
+        files = [f for f in found if f.is_file()]
     elif path.is_file():
         files = [path]
     else:
         raise UsageError(f"{path}: no such file or folder")
+    refs = []
     for file in files:
-        stat = file.stat()
-        yield ObjectRef(str(file.resolve()), stat.st_size, stat.st_mtime, local=file)
+        try:
+            stat = file.stat()
+        except OSError as exc:
+            error = f"cannot read: {exc.strerror or exc}"
+            refs.append(ObjectRef(str(file.resolve()), 0, 0.0, local=file, error=error))
+            continue
+        refs.append(ObjectRef(str(file.resolve()), stat.st_size, stat.st_mtime, local=file))
+    yield from sorted(refs + unreadable, key=lambda ref: ref.uri)
 
 
 def list_bucket(location: Bucket) -> list[ObjectRef]:

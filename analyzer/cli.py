@@ -7,6 +7,7 @@ and exit 2; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import TYPE_CHECKING, Annotated
@@ -178,6 +179,9 @@ def ingest_command(
     from hybridtrace.ingest.run import ingest
     from hybridtrace.store import default_store
 
+    _no_csv(fmt, "ingest")
+    if year is not None and not 1970 <= year <= 9999:
+        raise UsageError(f"--year {year}: give a year between 1970 and 9999")
     summary = ingest(
         paths,
         store or default_store(),
@@ -187,12 +191,17 @@ def ingest_command(
         model=model,
     )
     result = summary.as_dict()
+    # what could be read is in the store; what could not is an error the exit code says
+    failed = typer.Exit(2) if summary.errors else None
     if fmt is OutputFormat.json:
         typer.echo(to_json(result))
+        if failed:
+            raise failed
         return
     rows = ", ".join(f"{name} {count:,}" for name, count in sorted(result["rows"].items()) if count) or "none"
     formats = ", ".join(f"{name} {count}" for name, count in sorted(result["by_format"].items())) or "none"
     rate = f"{result['mb_per_s']} MB/s" if result["mb_per_s"] is not None else "-"
+    unreadable = f"{summary.errors:,} (see sources where status = 'error')"
     typer.echo(
         to_pairs(
             [
@@ -208,8 +217,13 @@ def ingest_command(
                 ("duplicates skipped", f"{summary.duplicates:,}"),
                 ("time", f"{summary.seconds:.2f} s, {summary.bytes_read / 1e6:.1f} MB read, {rate}"),
             ]
+            + ([("unreadable", unreadable)] if summary.errors else [])
         )
     )
+    for message in summary.error_messages:
+        typer.echo(f"hybridtrace: error: {message}", err=True)
+    if failed:
+        raise failed
 
 
 @app.command("query")
@@ -233,11 +247,36 @@ def query_command(
         relation = con.sql(sql)
         if relation is None:
             return
-        columns = relation.columns
+        columns = _unique_names(relation.columns)
         rows = [dict(zip(columns, r, strict=True)) for r in relation.fetchall()]
     except duckdb.Error as exc:
         raise UsageError(f"query failed: {exc}") from exc
     typer.echo(render_rows(rows, fmt, columns))
+
+
+def _no_csv(fmt: OutputFormat, command: str) -> None:
+    """Commands whose output is one nested document print it as a table or as JSON."""
+    if fmt is OutputFormat.csv:
+        raise UsageError(f"{command} prints a table or json, not csv (try --format json)")
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed < 2**32:
+        raise UsageError(f"--seed {seed}: give a whole number from 0 to {2**32 - 1}")
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    """Column names, a repeated one numbered (status, status_2): rows are keyed by name."""
+    taken: set[str] = set()
+    unique = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in taken:
+            n += 1
+            candidate = f"{name}_{n}"
+        taken.add(candidate)
+        unique.append(candidate)
+    return unique
 
 
 @app.command("analyze")
@@ -249,10 +288,11 @@ def analyze_command(
         typer.Option(help="Exit 1 when any finding of these kinds (comma-separated, or 'any') is found."),
     ] = None,
     strict: Annotated[
-        bool, typer.Option(help="Exit 2 when there are no transfers or requests to analyze.")
+        bool, typer.Option(help="Exit 2 when there is nothing to analyze (no transfers and no intervals).")
     ] = False,
     config: Annotated[
-        str | None, typer.Option(help="hybridtrace.toml with [thresholds] (default: ./hybridtrace.toml).")
+        str | None,
+        typer.Option(help="hybridtrace.toml with a \\[thresholds] table (default: ./hybridtrace.toml)."),
     ] = None,
     limit: Annotated[int, typer.Option(help="Findings shown in the table (json and csv show all).")] = 40,
 ) -> None:
@@ -330,7 +370,8 @@ def report_command(
         typer.Option(help="Where to write it (default: report.html or report.md; '-' prints Markdown)."),
     ] = None,
     config: Annotated[
-        str | None, typer.Option(help="hybridtrace.toml with [thresholds] (default: ./hybridtrace.toml).")
+        str | None,
+        typer.Option(help="hybridtrace.toml with a \\[thresholds] table (default: ./hybridtrace.toml)."),
     ] = None,
 ) -> None:
     """One self-contained HTML page (charts, findings, engines), or a Markdown summary."""
@@ -402,7 +443,7 @@ def explain_command(
     request_id: Annotated[str, typer.Argument(help="Decode-side or prefill-side request id.")],
     store: StoreOption = None,
     fmt: FormatOption = OutputFormat.table,
-    config: Annotated[str | None, typer.Option(help="hybridtrace.toml with [thresholds].")] = None,
+    config: Annotated[str | None, typer.Option(help="hybridtrace.toml with a \\[thresholds] table.")] = None,
 ) -> None:
     """One handoff: per-rank timeline, bytes by cache type, tokens, log lines, findings."""
     from hybridtrace.analyze.explain import explain
@@ -412,6 +453,7 @@ def explain_command(
     st = Store(root)
     if not st.exists():
         raise UsageError(f"{root}: no store here")
+    _no_csv(fmt, "explain")
     result = explain(st.connect(), request_id, config=config)
     if fmt is not OutputFormat.table:
         typer.echo(to_json(result))
@@ -502,7 +544,7 @@ def simulate_command(
     era: Annotated[str, typer.Option(help="vLLM expiry wording: abort or lease.")] = "lease",
     colour: Annotated[bool, typer.Option("--colour/--no-colour", help="ANSI colour in the logs.")] = False,
     inject: Annotated[
-        str | None, typer.Option(help="KIND[=RATE],... or 'all' (rates are shares of requests).")
+        str | None, typer.Option(help="KIND\\[=RATE],... or 'all' (rates are shares of requests).")
     ] = None,
     fmt: FormatOption = OutputFormat.table,
 ) -> None:
@@ -513,8 +555,14 @@ def simulate_command(
         raise UsageError("--era must be abort or lease")
     if requests is not None and requests < 1:
         raise UsageError("--requests must be at least 1")
-    if rate <= 0:
-        raise UsageError("--rate must be positive")
+    if not (math.isfinite(rate) and rate > 0):
+        raise UsageError("--rate must be a positive number of requests per second")
+    if median_prompt < 1:
+        raise UsageError("--median-prompt must be at least 1 token")
+    if not 0 <= cache_hit_rate <= 1:
+        raise UsageError("--cache-hit-rate must be between 0 and 1")
+    _check_seed(seed)
+    _no_csv(fmt, "simulate")
     if parse_duration(duration) <= 0:
         raise UsageError("--duration must be positive")
     options = SimOptions(
@@ -579,6 +627,7 @@ def demo_command(
     """Simulate a P/D deployment, ingest it, show what hybridtrace sees, and write the HTML report."""
     from hybridtrace.demo import run_demo
 
+    _check_seed(seed)
     result = run_demo(directory, seed=seed)
     counts = result.truth["inputs"]
     typer.echo(
@@ -711,3 +760,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as exc:  # a path the user gave cannot be read or written
+        if _state["debug"]:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        typer.echo(f"hybridtrace: error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(2)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridtrace.errors import UsageError
 from hybridtrace.ingest.run import IngestSummary, ingest
 from hybridtrace.report import write_report
 from hybridtrace.report.data import rows as query_rows
@@ -63,6 +64,9 @@ def _findings_rows(summary: dict, truth: dict) -> list[dict]:
 def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResult:
     started = time.monotonic()
     root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="hybridtrace-demo-"))
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        # an earlier demo's store would mix two runs and no longer match this truth
+        raise UsageError(f"--dir {root}: not an empty folder; give a new or empty one")
     bundle, store = root / "bundle", root / "store"
     truth = simulate(SimOptions(seed=seed, inject=parse_inject(DEMO_INJECT)), bundle)
     summary = ingest([bundle], store)

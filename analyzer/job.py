@@ -64,10 +64,21 @@ class JobConfig:
     thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
 
 
+_KEYS = {
+    "inputs": ("paths", "model", "tz", "year"),
+    "store": ("path",),
+    "report": ("html", "markdown"),
+    "alert": ("fail_on", "strict", "lease_s", "max_run_s"),
+}
+
+
 def _section(raw: dict, name: str, path: Path) -> dict:
     value = raw.get(name, {})
     if not isinstance(value, dict):
         raise UsageError(f"{path}: [{name}] must be a table")
+    unknown = sorted(set(value) - set(_KEYS[name]))
+    if unknown:  # a misspelt key would silently turn a setting (an alert, a report) off
+        raise UsageError(f"{path}: [{name}] has unknown keys {unknown} (known: {', '.join(_KEYS[name])})")
     return value
 
 
@@ -80,6 +91,10 @@ def load_job(path: str | Path) -> JobConfig:
         raise UsageError(f"{path}: no such job file") from exc
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not a text file") from exc
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     known = {"inputs", "store", "report", "alert", "thresholds"}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -97,7 +112,11 @@ def load_job(path: str | Path) -> JobConfig:
     if not isinstance(fail_on, (str, list)) or not all(isinstance(k, str) for k in fail_on):
         raise UsageError(f"{path}: [alert] fail_on must be a list of kinds or \"any\"")
     listed = fail_on if isinstance(fail_on, str) else ",".join(fail_on)
-    kinds = parse_kinds(listed, f"{path}: [alert] fail_on")
+    # absent: no alert; present, it must name kinds (an empty list would silence the alert)
+    kinds = parse_kinds(listed, f"{path}: [alert] fail_on") if "fail_on" in alert else set()
+    year = inputs.get("year")
+    if year is not None and (isinstance(year, bool) or not isinstance(year, int)):
+        raise UsageError(f"{path}: [inputs] year must be a whole number, not {year!r}")
 
     def number(section: dict, key: str, default: float) -> float:
         value = section.get(key, default)
@@ -193,6 +212,9 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
             }  # fmt: skip
             summary["rows"] = sum(ingested.rows.values())
             summary["rejects"] = ingested.rejects
+            if ingested.errors:
+                summary["unreadable"] = ingested.errors
+                summary["message"] = "; ".join(ingested.error_messages)
             con = Store(config.store).connect()
             data = collect(con, store=config.store, config=config.thresholds_file)
             by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
@@ -219,7 +241,9 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
     matched = sorted(k for k in config.fail_on if by_kind.get(k))
     summary["fail_on_matched"] = matched
     code = EXIT_OK
-    if config.strict and not (data.inputs["transfers"] or data.inputs["intervals"]):
+    if ingested.errors:  # the rest was read, analysed and published; the operator must know
+        summary["status"], code = "unreadable input", EXIT_ERROR
+    elif config.strict and not (data.inputs["transfers"] or data.inputs["intervals"]):
         summary["status"], code = "nothing to analyze", EXIT_ERROR
     elif matched:
         summary["status"], code = "findings", EXIT_FINDINGS

@@ -29,6 +29,10 @@ def parse_kinds(text: str, where: str) -> set[str]:
     if text.strip() == "any":
         return set(ALL_KINDS)
     kinds = {k.strip() for k in text.split(",") if k.strip()}
+    if not kinds:
+        raise UsageError(f"{where}: no kinds given (list kinds, or 'any')")
+    if "any" in kinds:
+        raise UsageError(f"{where}: 'any' stands alone (it already means every kind)")
     bad = kinds - set(ALL_KINDS)
     if bad:
         raise UsageError(f"{where}: unknown kinds {sorted(bad)} (known: any, {', '.join(ALL_KINDS)})")

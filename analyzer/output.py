@@ -7,6 +7,7 @@ so ``--format`` means the same thing everywhere.
 from __future__ import annotations
 
 import csv
+import decimal
 import io
 import json
 import math
@@ -28,7 +29,13 @@ def _json_default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+    if isinstance(value, decimal.Decimal):
+        # exact decimals keep every digit: a float would round them
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    # UUIDs, intervals and the like: their text is what a reader wants
+    return str(value)
 
 
 def _clean(value: Any) -> Any:
@@ -51,7 +58,7 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         if not math.isfinite(value):
-            return ""
+            return str(value)  # inf, -inf, nan: a value, not a missing one
         return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
     if isinstance(value, (list, dict)):
         return json.dumps(value, default=_json_default)

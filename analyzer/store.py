@@ -89,7 +89,12 @@ class Store:
     def schema_version(self) -> int | None:
         if not self.files.exists("_meta.json"):
             return None
-        return int(json.loads(self.files.read_text("_meta.json"))["schema_version"])
+        try:
+            return int(json.loads(self.files.read_text("_meta.json"))["schema_version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{self}: _meta.json is damaged ({exc}); this is not a readable store") from exc
+        except OSError as exc:
+            raise UsageError(f"{self}: cannot read _meta.json: {exc.strerror or exc}") from exc
 
     @contextlib.contextmanager
     def writer_lock(self, lease_s: float | None = None) -> Iterator[None]:

@@ -63,7 +63,10 @@ def _split(text: str, what: str) -> tuple[float, str]:
     match = _QUANTITY.match(text.replace("_", "").replace(",", ""))
     if not match:
         raise UsageError(f"cannot read {text!r} as {what}")
-    return float(match.group(1)), match.group(2)
+    value = float(match.group(1))
+    if not math.isfinite(value):  # 1e400 reads as infinity
+        raise UsageError(f"{text!r} is too large for {what}")
+    return value, match.group(2)
 
 
 def parse_size(text: str | int | float) -> float:

@@ -8,6 +8,7 @@ The rules read them from the ``_thresholds`` table, so SQL and docs share one li
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ class Threshold:
     name: str
     default: float
     doc: str
+    low: float = 0.0  # the smallest value that makes sense
+    high: float = math.inf
+    low_open: bool = False  # the low bound itself is not allowed
 
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -34,26 +38,36 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "unsharded_factor",
         1.5,
         "state moved over the rank's shard at or above which a rank pulled unsharded state",
+        low=1.0,
     ),
     Threshold(
         "descriptor_post_share",
         0.5,
         "share of a read's transfer time spent posting descriptors that makes it descriptor-bound",
+        high=1.0,
+        low_open=True,
     ),
     Threshold(
         "slow_rank_ratio",
         0.6,
         "a rank is slow in a window when its median bandwidth is below this share of its peers'",
+        high=1.0,
+        low_open=True,
     ),
     Threshold(
-        "slow_rank_windows", 0.5, "share of a rank's windows it must be slow in to be reported (persistence)"
+        "slow_rank_windows",
+        0.5,
+        "share of a rank's windows it must be slow in to be reported (persistence)",
+        high=1.0,
+        low_open=True,
     ),
-    Threshold("slow_rank_min_reads", 3, "reads a rank needs in a window for the window to count"),
-    Threshold("window_s", 10, "length of the time windows slow ranks are judged in, seconds"),
+    Threshold("slow_rank_min_reads", 3, "reads a rank needs in a window for the window to count", low=1.0),
+    Threshold("window_s", 10, "length of the time windows slow ranks are judged in, seconds", low_open=True),
     Threshold(
         "recompute_margin",
         1.0,
         "the handoff must exceed the prefill time by this factor to report recompute_cheaper",
+        low_open=True,
     ),
     Threshold(
         "prefill_tokens_per_s",
@@ -76,11 +90,23 @@ def load(path: str | Path | None = None) -> dict[str, float]:
             raw = tomllib.loads(candidate.read_text()).get("thresholds", {})
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{candidate}: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{candidate}: not a text file") from exc
+        except OSError as exc:
+            raise UsageError(f"{candidate}: cannot read: {exc.strerror or exc}") from exc
+        if not isinstance(raw, dict):
+            raise UsageError(f"{candidate}: [thresholds] must be a table")
+        spec = {t.name: t for t in THRESHOLDS}
         for name, value in raw.items():
             if name not in values:
                 raise UsageError(f"{candidate}: unknown threshold {name!r} (known: {', '.join(values)})")
-            if not isinstance(value, (int, float)):
-                raise UsageError(f"{candidate}: threshold {name} must be a number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UsageError(f"{candidate}: threshold {name} must be a finite number, not {value!r}")
+            t = spec[name]
+            if value < t.low or (t.low_open and value == t.low) or value > t.high:
+                low = f"above {t.low:g}" if t.low_open else f"at least {t.low:g}"
+                high = f" and at most {t.high:g}" if math.isfinite(t.high) else ""
+                raise UsageError(f"{candidate}: threshold {name} must be {low}{high}, not {value!r}")
             values[name] = float(value)
     return values
 

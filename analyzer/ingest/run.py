@@ -33,7 +33,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.buckets import ObjectRef, list_objects, redact
+from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact
 from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
 from hybridtrace.ingest import prometheus, vllm_log
 from hybridtrace.ingest.detect import detect_format
@@ -46,6 +46,7 @@ FINGERPRINT_BYTES = 4096
 CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
 BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "200000"))
 BATCH_OBJECTS = int(os.environ.get("HYBRIDTRACE_BATCH_OBJECTS", "256"))
+ERROR_MESSAGES = 10  # unreadable objects named in the summary (all are in `sources`)
 # Small bucket objects are downloaded ahead of the parser (see _prefetch).
 PREFETCH_BYTES = 4 << 20
 PREFETCH_THREADS = 8
@@ -85,6 +86,8 @@ class IngestSummary:
     objects_gone: int = 0
     compacted_batches: int = 0
     compaction_error: str | None = None
+    errors: int = 0  # objects (or folders) that could not be read; the run went on without them
+    error_messages: list[str] = field(default_factory=list)  # the first few, "uri: why"
     seconds: float = 0.0
     by_format: dict[str, int] = field(default_factory=dict)
 
@@ -351,6 +354,7 @@ class _Ingest:
         self.summary = IngestSummary()
         self.previous = _previous_reads(store)
         self.seen: set[str] = set()  # uris of this run's listing
+        self.errored_folders: list[str] = []  # folders the listing could not read
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-commit")
         self.progress = _Progress(False, 0)
         self.done_bytes = 0  # bytes of objects walked so far, for the progress bar
@@ -398,6 +402,12 @@ class _Ingest:
                           "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
         self.batch.add("models", table)
 
+    def error(self, uri: str, message: str) -> None:
+        """Count an object that could not be read (its manifest row says so too)."""
+        self.summary.errors += 1
+        if len(self.summary.error_messages) < ERROR_MESSAGES:
+            self.summary.error_messages.append(f"{redact(uri)}: {message}")
+
     def listed_unchanged(self, obj: ObjectRef) -> bool:
         """True when the listing alone says the object is as last read (nothing to open)."""
         return self.may_be_unchanged(obj) and self.previous[obj.uri]["mtime"] == obj.mtime
@@ -413,6 +423,13 @@ class _Ingest:
         summary.objects_seen += 1
         uri, size, mtime = obj.uri, obj.size, obj.mtime
         self.seen.add(uri)
+        if obj.error is not None:  # the listing could not read it (an unreadable folder)
+            if obj.local is not None and obj.local.is_dir():
+                self.errored_folders.append(uri)
+            self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
+            self.batch.sources[-1].update(status="error", message=obj.error)
+            self.error(uri, obj.error)
+            return
         last = self.previous.get(uri)
         unchanged = self.may_be_unchanged(obj)
         if self.listed_unchanged(obj):
@@ -432,7 +449,9 @@ class _Ingest:
             if raw is not None:
                 raw.close()
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
-            self.batch.sources[-1].update(status="error", message=f"cannot read: {redact(str(exc))}")
+            message = f"cannot read: {redact(exc.strerror or str(exc))}"
+            self.batch.sources[-1].update(status="error", message=message)
+            self.error(uri, message)
             return
         if unchanged and version is not None and version == last["version"]:
             raw.close()
@@ -472,6 +491,7 @@ class _Ingest:
                 self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown", version)
             )
             self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
+            self.error(uri, f"cannot read: {exc}")
             return
         reader = _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
         try:
@@ -481,16 +501,21 @@ class _Ingest:
         except (OSError, EOFError, zlib.error) as exc:
             # a corrupt or truncated object (a cut .gz, a read that failed half-way): what was
             # read stays, the object is marked, and the run goes on; the next run tries again
-            reader.fail(f"cannot read: {redact(str(exc)) or type(exc).__name__}")
+            message = f"cannot read: {redact(str(exc)) or type(exc).__name__}"
+            reader.fail(message)
+            self.error(uri, message)
         self.done_bytes += size
         self.progress.update(summary, self.done_bytes)
         self.maybe_commit()
 
     def note_gone(self, prefixes: list[str]) -> None:
         """A manifest row for each object read before that its folder or prefix no longer has."""
+        unlisted = [uri.rstrip("/" + os.sep) for uri in self.errored_folders]
         for uri, last in self.previous.items():
             if uri in self.seen or last["status"] == "deleted":
                 continue
+            if any(uri.startswith(folder + os.sep) or uri.startswith(folder + "/") for folder in unlisted):
+                continue  # under a folder this run could not list: not gone, unseen
             # a prefix covers what is under it; a named object that is gone lists as a prefix
             if not any(uri == prefix.rstrip("/" + os.sep)
                        or (prefix.endswith(("/", os.sep)) and uri.startswith(prefix))
@@ -847,6 +872,10 @@ def ingest(
 
         geometry_from_config(*load_config(model))  # a bad --model fails before the store is touched
     prefixes, objects = _listing(paths)  # a listing only: nothing is read yet
+    if not is_bucket(str(store_root)):
+        # a store kept inside an input folder is not telemetry: its own files are skipped
+        inside = str(Path(store_root).resolve()) + os.sep
+        objects = [o for o in objects if not o.uri.startswith(inside)]
     store = Store(store_root)
     store.init()
     with store.writer_lock():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hybridtrace.errors import UsageError
 from hybridtrace.report.data import ReportData, collect
 from hybridtrace.report.render import render_html, render_markdown
 
@@ -21,12 +22,18 @@ def write_report(
     """Analyse the store at ``store`` and write the report to ``out``; returns its path and data."""
     from hybridtrace.store import Store
 
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; --out names the report file")
     con = Store(store).connect()
     data = collect(con, store=str(store), config=config)
     text = render_html(data) if fmt == "html" else render_markdown(data)
-    path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(path.name + ".tmp")
-    staged.write_text(text, encoding="utf-8")
-    staged.replace(path)  # a reader never sees half a report
+    try:
+        staged.write_text(text, encoding="utf-8")
+        staged.replace(path)  # a reader never sees half a report
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write the report: {exc.strerror or exc}") from exc
     return path, data

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
+from hybridtrace.errors import UsageError
 from hybridtrace.simulate.scenario import INJECTABLE, SimOptions, parse_inject
 from hybridtrace.simulate.workload import blocks, global_findings, prepare
 from hybridtrace.simulate.writers import BundleWriter
@@ -29,6 +30,9 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     """Write the bundle and its truth under ``out``; returns the truth without its findings list."""
     started = time.monotonic()
     out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        # a bundle mixed with other files (or an earlier bundle) would be read as one
+        raise UsageError(f"{out}: not an empty folder; the bundle goes into a new or empty one")
     plan = prepare(options)
     writer = BundleWriter(plan, out)
     injected: dict[str, int] = {}

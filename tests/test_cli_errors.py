@@ -1,0 +1,149 @@
+"""Bad input on the command line: one clear line on stderr and exit 2, never a traceback,
+and nothing silently wrong (a query's repeated column names, an unreadable file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tracegen import transfer_records, write_jsonl
+
+from hybridtrace.buckets import ObjectRef
+from hybridtrace.errors import UsageError
+from hybridtrace.ingest.run import ingest
+
+SCRIPT = Path(sys.executable).with_name("hybridtrace")
+
+
+def write_trace(path: Path, requests: int) -> None:
+    """A decode engine's trace: TP 2, so two reads and one request record per request."""
+    write_jsonl(path, transfer_records(requests, tp=2))
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hybridtrace"]
+    env = {k: v for k, v in os.environ.items() if k != "HYBRIDTRACE_DEBUG"}
+    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def refused(result: subprocess.CompletedProcess, words: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert words in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    write_trace(root / "in" / "decode-0" / "trace.jsonl", requests=3)
+    ingest([root / "in"], root / "store")
+    return root / "store"
+
+
+def test_query_keeps_repeated_column_names_apart(store):
+    result = run("query", "SELECT 1 AS s, 2 AS s, 0.5 AS d, 1.0::DECIMAL(4, 1) AS e, uuid() AS u",
+                 "--store", str(store), "--format", "json", cwd=store.parent)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout)[0]
+    assert (row["s"], row["s_2"], row["d"], row["e"]) == (1, 2, 0.5, 1)
+    assert len(row["u"]) == 36
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("simulate", "--out", "x", "--rate", "inf"), "--rate"),
+        (("simulate", "--out", "x", "--seed", "-1"), "--seed"),
+        (("simulate", "--out", "x", "--median-prompt", "0"), "--median-prompt"),
+        (("simulate", "--out", "x", "--duration", "1e400s"), "too large"),
+        (("simulate", "--out", "x", "--format", "csv"), "not csv"),
+        (("ingest", "in", "--store", "s", "--year", "0"), "--year"),
+        (("analyze", "--store", "STORE", "--fail-on", "any,transfer_failed"), "'any' stands alone"),
+        (("analyze", "--store", "STORE", "--fail-on", ","), "no kinds"),
+        (("explain", "r-0", "--store", "STORE", "--format", "csv"), "not csv"),
+        (("report", "--store", "STORE", "--out", "."), "is a folder"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tmp_path, store, args, words):
+    (tmp_path / "in").mkdir()
+    args = tuple(str(store) if a == "STORE" else a for a in args)
+    refused(run(*args, cwd=tmp_path), words)
+
+
+def test_simulate_and_demo_want_an_empty_folder(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("keep me")
+    refused(run("simulate", "--out", "full", "--requests", "5", cwd=tmp_path), "not an empty folder")
+    refused(run("demo", "--dir", "full", cwd=tmp_path), "not an empty folder")
+    assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
+
+
+def test_thresholds_out_of_range_and_misspelt_job_keys(tmp_path, store):
+    (tmp_path / "t.toml").write_text("[thresholds]\nexcess_min_bytes = -1\n")
+    refused(run("analyze", "--store", str(store), "--config", "t.toml", cwd=tmp_path), "at least 0")
+    (tmp_path / "t.toml").write_text("[thresholds]\nwindow_s = 0\n")
+    refused(run("analyze", "--store", str(store), "--config", "t.toml", cwd=tmp_path), "above 0")
+    (tmp_path / "t.toml").write_text("thresholds = 5\n")
+    refused(run("analyze", "--store", str(store), "--config", "t.toml", cwd=tmp_path), "must be a table")
+    job = f'[inputs]\npaths = ["in"]\n[store]\npath = "{store}"\n[alert]\nfailon = ["any"]\n'
+    (tmp_path / "job.toml").write_text(job)
+    result = run("run", "--config", "job.toml", cwd=tmp_path)
+    assert result.returncode == 2 and "unknown keys ['failon']" in result.stdout + result.stderr
+
+
+def test_a_damaged_store_says_so(tmp_path, store):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_meta.json").write_text("{not json")
+    refused(run("query", "SELECT 1", "--store", str(broken), cwd=tmp_path), "damaged")
+
+
+def test_unreadable_objects_are_counted_and_fail_the_run(tmp_path, monkeypatch):
+    write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
+    (tmp_path / "in" / "decode-0" / "locked.log").write_text("x\n")
+    real_open = ObjectRef.open
+
+    def guarded(self):
+        if self.uri.endswith("locked.log"):
+            raise PermissionError(13, "Permission denied", self.uri)
+        return real_open(self)
+
+    monkeypatch.setattr(ObjectRef, "open", guarded)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.errors == 1 and summary.rows["transfers"] == 4
+    assert summary.error_messages == [f"{(tmp_path / 'in' / 'decode-0' / 'locked.log').resolve()}: "
+                                      "cannot read: Permission denied"]  # fmt: skip
+
+
+def test_an_unlistable_folder_is_an_error_row_not_a_gap(tmp_path, monkeypatch):
+    write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    real_walk = os.walk
+
+    def walk(top, onerror=None, followlinks=False):
+        onerror(PermissionError(13, "Permission denied", str(Path(top) / "decode-0")))
+        return iter([])  # the only folder with files cannot be read
+
+    monkeypatch.setattr(os, "walk", walk)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    monkeypatch.setattr(os, "walk", real_walk)
+    assert summary.errors == 1 and summary.objects_gone == 0  # unseen is not gone
+    assert "cannot list: Permission denied" in summary.error_messages[0]
+
+
+def test_explicit_usage_error_type():
+    from hybridtrace.kinds import parse_kinds
+
+    with pytest.raises(UsageError, match="stands alone"):
+        parse_kinds("any,kv_expired", "--fail-on")
+
+
+def test_a_store_inside_its_input_folder_is_not_read_as_input(tmp_path):
+    write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
+    ingest([tmp_path / "in"], tmp_path / "in" / "store")
+    again = ingest([tmp_path / "in"], tmp_path / "in" / "store")
+    assert again.objects_seen == 1 and again.by_format == {}
