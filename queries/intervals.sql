@@ -114,11 +114,12 @@ LEFT JOIN _prom_p90 p
   ON p.instance = s.instance AND p.ts = s.ts AND p.engine_label IS NOT DISTINCT FROM s.engine_label
  AND p.model_name IS NOT DISTINCT FROM s.model_name AND p.family = 'vllm:nixl_post_time_seconds';
 
--- A log interval starts where the engine process's previous line ended, whichever file
--- (a rotated part, an earlier read) that line came from.
+-- A log interval starts where the engine process's previous line (for the same engine
+-- index) ended, whichever file (a rotated part, an earlier read) that line came from.
 CREATE OR REPLACE VIEW intervals AS
 SELECT * REPLACE (
-    coalesce(lag(end_ts) OVER (PARTITION BY engine_id, process ORDER BY end_ts), start_ts) AS start_ts
+    coalesce(lag(end_ts) OVER (PARTITION BY engine_id, process, engine_index ORDER BY end_ts), start_ts)
+        AS start_ts
 )
 FROM _intervals_log
 UNION ALL BY NAME

@@ -298,3 +298,24 @@ def test_tp_size_from_the_transfer_plan_or_from_worker_names(tmp_path):
         ("named", 2),
         ("planned", 4),
     ]
+
+
+def test_two_engines_logged_in_one_second_keep_their_intervals(tmp_path):
+    stats = (
+        "Engine {:03d}: Avg prompt throughput: 5.0 tokens/s, Avg generation throughput: 80.0 tokens/s, "
+        "Running: 2 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit rate: 0.0%"
+    )
+    lines = []
+    for stamp in ("04-21 10:00:10", "04-21 10:00:20"):
+        for engine, n in ((0, 3), (1, 5)):
+            lines.append(vllm_line(stats.format(engine), stamp=stamp, where="loggers.py:236",
+                                   process="APIServer pid=1"))  # fmt: skip
+            lines.append(kv_metrics(n, 3.0, 14.0, stamp))
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.duplicates == 0
+    intervals = rows(tmp_path / "s", "SELECT engine_index, transfers, start_ts, end_ts FROM intervals "
+                                     "ORDER BY end_ts, engine_index NULLS FIRST")  # fmt: skip
+    assert [r[:2] for r in intervals] == [(None, 3), (1, 5), (None, 3), (1, 5)]
+    # each engine's interval starts where that engine's previous one ended
+    assert intervals[2][2] == intervals[0][3] and intervals[3][2] == intervals[1][3]

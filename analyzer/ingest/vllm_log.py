@@ -148,6 +148,8 @@ class LogContext:
     base_year: int | None = None
     max_tp_rank: int | None = None
     logged_tp: int | None = None  # the TP size a transfer-plan line states
+    # per process, the engine index of its last `Engine NNN:` line (-1: aggregated stats)
+    engine_index: dict[str, int] = field(default_factory=dict)
     last_interval_end: dict = field(default_factory=dict)
 
 
@@ -436,9 +438,39 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
         if ctx.logged_tp is None:
             result.engine["tp_size"] = max(ctx.max_tp_rank + 1, 2)
     events = _with_ts(ctx, events)
+    indices = _engine_indices(ctx, events)
     events = _bulk_kinds(events, result)
     for event in events.iter_rows(named=True):
         _parse_event(ctx, event, result)
+    for row in result.intervals:
+        row["engine_index"] = indices.get(row["line_number"])
+
+
+def _engine_indices(ctx: LogContext, events: pl.DataFrame) -> dict[int, int | None]:
+    """The engine index of each `KV Transfer metrics` event (by line number), when above 0.
+
+    With data parallelism one API server logs each engine's `Engine NNN:` line followed by
+    its KV line, often within one second: the index tells those KV lines apart.
+    """
+    if events.height == 0:
+        return {}
+    index = pl.col("message").str.extract(r"^Engine (\d+):").cast(pl.Int64)
+    aggregated = pl.col("message").str.contains(r"^\d+ Engines Aggregated:")
+    marks = events.select(
+        "line_number",
+        "process",
+        pl.when(aggregated).then(pl.lit(-1, pl.Int64)).otherwise(index).alias("index"),
+        pl.col("message").str.starts_with("KV Transfer metrics:").alias("kv"),
+    ).filter(pl.col("index").is_not_null() | pl.col("kv"))
+    found: dict[int, int | None] = {}
+    for line, process, value, kv in marks.iter_rows():
+        key = process or ""
+        if value is not None:
+            ctx.engine_index[key] = value
+        elif kv:
+            last = ctx.engine_index.get(key)
+            found[line] = last if last is not None and last > 0 else None
+    return found
 
 
 def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
@@ -641,8 +673,9 @@ def finish(ctx: LogContext, result: LogResult) -> str:
 
 
 def intervals_with_starts(ctx: LogContext, rows: list[dict]) -> list[dict]:
-    """Each interval starts where the previous line of the same process ended."""
+    """Each interval starts where the previous line of the same process (and engine) ended."""
     for row in sorted(rows, key=lambda r: (r["end_ts"] is None, r["end_ts"] or 0)):
-        row["start_ts"] = ctx.last_interval_end.get(row["process"])
-        ctx.last_interval_end[row["process"]] = row["end_ts"]
+        key = (row["process"], row.get("engine_index"))
+        row["start_ts"] = ctx.last_interval_end.get(key)
+        ctx.last_interval_end[key] = row["end_ts"]
     return rows
