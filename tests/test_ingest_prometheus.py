@@ -102,3 +102,39 @@ def test_nixl_agent_counters_become_deltas(tmp_path):
         ("agent_rx_requests_num_total", T0 + 1, 4.0),
         ("agent_rx_requests_num_total", T0 + 2, 1.0),
     ]
+
+
+def test_sample_timestamps_in_either_unit_and_several_scrapes_in_one_file(tmp_path):
+    assert time_from_name("metrics-1776765610000.prom") == 1776765610.0  # epoch milliseconds
+    folder = tmp_path / "in" / "x"
+    # one file holding three scrapes, each sample stamped in milliseconds
+    dump = "".join(scrape(FIRST, timestamp_ms=int((T0 + k * 15) * 1000)) for k in range(3))
+    put(folder / "dump.prom", dump, T0 + 999)
+    # OpenMetrics stamps in seconds, whole or fractional
+    om = (
+        'vllm:nixl_num_failed_transfers_total{engine="0"} 2 1776765700\n'
+        'vllm:nixl_num_kv_expired_reqs_total{engine="0"} 1 1776765700.5\n# EOF\n'
+    )
+    put(folder / "om.prom", om, T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    stamps = [r[0] for r in rows(tmp_path / "s", "SELECT DISTINCT ts FROM prom_samples ORDER BY ts")]
+    assert stamps == [T0, T0 + 15, T0 + 30, 1776765700.0, 1776765700.5]
+    assert rows(tmp_path / "s", "SELECT count(*) FROM rejects") == [(0,)]
+
+
+def test_label_values_keep_their_characters(tmp_path):
+    line = 'vllm:nixl_num_failed_transfers_total{engine="0",model_name="caf\u00e9 \\"q\\" a\\\\b"} 1\n'
+    text = "# TYPE vllm:nixl_num_failed_transfers counter\n" + line * 2
+    put(tmp_path / "in" / "x" / "m-20260421T100010Z.prom", text, T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT DISTINCT model_name FROM prom_samples") == [('caf\u00e9 "q" a\\b',)]
+
+
+def test_a_scrape_rewritten_in_place_is_read_again_whole(tmp_path):
+    path = tmp_path / "in" / "x" / "latest.prom"
+    put(path, scrape(FIRST, timestamp_ms=int(T0 * 1000)), T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    put(path, scrape(SECOND, timestamp_ms=int((T0 + 10) * 1000)), T0 + 10)  # same preamble, longer
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.rejects == 0
+    assert rows(tmp_path / "s", "SELECT count(DISTINCT ts) FROM prom_samples") == [(2,)]

@@ -6,8 +6,10 @@ NIXL's own exporter (``agent_*``). Cumulative values stay cumulative here; the
 ``intervals`` view turns consecutive scrapes into per-interval deltas (counter resets
 included), so a scrape that arrives late still lands in the right place.
 
-A snapshot's time is its samples' timestamps when they carry one, else a time written
-in the object's name, else the object's modification time.
+A sample's time is its own timestamp when it carries one (milliseconds in Prometheus
+text, seconds in OpenMetrics: told apart by size), so a file holding several scrapes
+keeps them apart; a sample without one takes the latest stamped time of its file, else a
+time written in the object's name, else the object's modification time.
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ RAW_LIMIT = 512
 KEEP_PREFIXES = ("vllm:nixl_", "vllm:prompt_tokens_by_source", "agent_")
 
 _SAMPLE = re.compile(
-    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$"
+    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+(?:\.\d+)?))?\s*$"
 )
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _NAME_STAMP = re.compile(r"(20\d\d)-?(\d\d)-?(\d\d)[T_-]?(\d\d)[:-]?(\d\d)[:-]?(\d\d)")
 _NAME_EPOCH = re.compile(r"(?<!\d)(1[5-9]\d{8})(?:\.\d+)?(?!\d)")
+_NAME_EPOCH_MS = re.compile(r"(?<!\d)(1[5-9]\d{11})(?!\d)")
+# Only these three are escapes in a label value; anything else stands for itself.
+_ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
+# A sample timestamp below this is in seconds (OpenMetrics); above, in milliseconds.
+_SECONDS_BELOW = 1e11
+
+
+def _stamp(text: str) -> float:
+    value = float(text)
+    return value if "." in text or abs(value) < _SECONDS_BELOW else value / 1000.0
 
 
 def _labels(text: str | None) -> dict[str, str] | None:
@@ -37,7 +49,9 @@ def _labels(text: str | None) -> dict[str, str] | None:
         match = _LABEL.match(text, position)
         if not match:
             return None
-        labels[match.group(1)] = match.group(2).encode().decode("unicode_escape")
+        labels[match.group(1)] = re.sub(
+            r"\\(.)", lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), match.group(2)
+        )
         position = match.end()
     return labels
 
@@ -56,6 +70,8 @@ def time_from_name(name: str) -> float | None:
             return datetime(*(int(g) for g in match.groups()), tzinfo=UTC).timestamp()
         except ValueError:
             return None
+    if match := _NAME_EPOCH_MS.search(name):
+        return int(match.group(1)) / 1000.0
     if match := _NAME_EPOCH.search(name):
         return float(match.group(1))
     return None
@@ -84,8 +100,9 @@ def parse_snapshot(
         metric = match.group("name")
         if not metric.startswith(KEEP_PREFIXES):
             continue
-        if match.group("ts"):
-            stamped.append(int(match.group("ts")) / 1000.0)
+        own = _stamp(match.group("ts")) if match.group("ts") else None
+        if own is not None:
+            stamped.append(own)
         le = labels.pop("le", None)
         samples.append(
             {
@@ -96,9 +113,11 @@ def parse_snapshot(
                 "le": _value(le) if le is not None else None,
                 "value": value,
                 "line_number": number,
+                "ts": own,
             }
         )
-    ts = max(stamped) if stamped else (time_from_name(name) or mtime)
+    fallback = max(stamped) if stamped else (time_from_name(name) or mtime)
     for sample in samples:
-        sample["ts"] = ts
+        if sample["ts"] is None:
+            sample["ts"] = fallback
     return samples, rejects

@@ -470,7 +470,9 @@ class _Ingest:
         start, first_line, fmt, engine_id = 0, 1, None, None
         # A read that found nothing it knows (a launcher banner before the first vLLM line)
         # is not resumed: the whole object is looked at again.
-        if last and last["end_offset"] and last["format"] not in ("unknown", "empty", None):
+        # A scrape or a config is one whole: when it changes it is read again from the start.
+        resumable = last and last["format"] not in ("unknown", "empty", "prometheus", "model_config", None)
+        if resumable and last["end_offset"]:
             same_object = last["size_bytes"] == size and last["mtime"] == mtime
             grown = (
                 not compressed
