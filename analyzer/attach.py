@@ -61,15 +61,21 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
             row["error"] = "TP size unknown (no trace engine record or worker names in the log)"
             rows.append(row)
             continue
-        options = SizingOptions(
-            tp_size=int(tp),
-            kv_dtype=kv or "auto",
-            mamba_dtype=conv or "auto",
-            ssm_dtype=ssm or "auto",
-            mamba_cache_mode=mode if mode in ("none", "align", "all") else "none",
-        )
         try:
-            sized = size_model(geometry_from_config(json.loads(chosen[2]), chosen[0]), options)
+            geometry = geometry_from_config(json.loads(chosen[2]), chosen[0])
+            # An engine's mamba_cache_dtype alone does not move the SSM state off its
+            # family's default (vLLM's config hook for Nemotron-H keeps it float32), where
+            # the CLI's --mamba-dtype sets both: the engine's own setting is mirrored here.
+            if not ssm and conv and geometry.ssm_dtype_default != "auto":
+                ssm = geometry.ssm_dtype_default
+            options = SizingOptions(
+                tp_size=int(tp),
+                kv_dtype=kv or "auto",
+                mamba_dtype=conv or "auto",
+                ssm_dtype=ssm or "auto",
+                mamba_cache_mode=mode if mode in ("none", "align", "all") else "none",
+            )
+            sized = size_model(geometry, options)
         except HybridtraceError as exc:
             row["error"] = str(exc)
             rows.append(row)

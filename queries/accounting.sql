@@ -132,6 +132,9 @@ SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_m
 --   reads, reads_ok                     reads accounted (sized engine, request record), successful ones
 --   logical_bytes, expected_bytes,
 --   reserved_bytes, transported_bytes   the four counts summed over the successful reads
+--   sized_transported_bytes             transported, over the reads the model could size (a
+--                                       request without transferred_tokens has no counts):
+--                                       ratios to the other sums use this one
 CREATE OR REPLACE VIEW _accounting_totals AS
 SELECT
     count(*) AS reads,
@@ -139,10 +142,12 @@ SELECT
     sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
     sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
     sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
-    sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes
+    sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
+    sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS sized_transported_bytes
 FROM transfer_bytes;
 
--- request_bytes: the four counts summed over a request's reads (all ranks).
+-- request_bytes: the four counts summed over a request's successful reads (all ranks): a
+-- failed or expired read moved nothing it had to, so it counts in `reads` only.
 --
 -- Ratios are ratios of sums over the request's reads, not means of per-read ratios.
 -- Columns:
@@ -155,12 +160,14 @@ SELECT
     engine_id, request_id,
     count(*) AS reads,
     _rank_count(rank) AS ranks,
-    sum(logical_bytes) AS logical_bytes,
-    sum(expected_bytes) AS expected_bytes,
-    sum(reserved_bytes) AS reserved_bytes,
-    sum(transported_bytes) AS transported_bytes,
-    sum(transported_bytes) / nullif(sum(expected_bytes), 0) AS transported_over_expected,
-    sum(transported_bytes) / nullif(sum(logical_bytes), 0) AS transported_over_logical,
-    sum(excess_bytes) AS excess_bytes
+    sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
+    sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
+    sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
+    sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
+    sum(transported_bytes) FILTER (WHERE status = 'ok')
+        / nullif(sum(expected_bytes) FILTER (WHERE status = 'ok'), 0) AS transported_over_expected,
+    sum(transported_bytes) FILTER (WHERE status = 'ok')
+        / nullif(sum(logical_bytes) FILTER (WHERE status = 'ok'), 0) AS transported_over_logical,
+    sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes
 FROM transfer_bytes
 GROUP BY ALL;

@@ -107,8 +107,8 @@ CREATE OR REPLACE VIEW finding_useless_boundary AS
 SELECT
     'useless_boundary' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
     remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    (transferred_tokens - reused_tokens) || ' transferred tokens lay beyond the usable boundary and were recomputed'
-        AS message,
+    (transferred_tokens - reused_tokens) || ' transferred tokens lay beyond the usable boundary'
+        || CASE WHEN recomputed_tokens > 0 THEN ' and were recomputed' ELSE ' and went unused' END AS message,
     CAST(json_object('transferred_tokens', transferred_tokens, 'reused_tokens', reused_tokens,
         'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens) AS VARCHAR) AS evidence
 FROM requests
@@ -127,7 +127,8 @@ SELECT
 FROM _request_reads
 WHERE timed_reads > 0 AND post_s / xfer_s >= _t('descriptor_post_share');
 
--- finding_transfer_failed: a read failed (trace), or a failure line named the request (logs).
+-- finding_transfer_failed: a read failed (trace), the request record says its transfer
+-- failed and no failed read says which rank, or a failure line named the request (logs).
 CREATE OR REPLACE VIEW finding_transfer_failed AS
 SELECT
     'transfer_failed' AS kind, 'error' AS severity, engine_id, rank, request_id, remote_engine_id,
@@ -138,6 +139,12 @@ SELECT
 FROM (
     SELECT engine_id, rank, request_id, remote_engine_id, 'trace' AS source
     FROM transfers WHERE status = 'failed'
+    UNION ALL
+    SELECT r.engine_id, CAST(NULL AS INTEGER), r.request_id, r.remote_engine_id, 'trace' AS source
+    FROM requests r
+    WHERE r.status = 'failed'
+      AND NOT EXISTS (SELECT 1 FROM transfers t
+                      WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
     UNION ALL
     SELECT e.engine_id, e.rank, e.request_id, e.remote_engine_id, 'log' AS source
     FROM log_events e

@@ -68,3 +68,19 @@ def test_unknown_tp_is_said_not_guessed(tmp_path):
     got = models(tmp_path / "s")
     assert got == [(ENGINE_ID, "nvidia/NVIDIA-Nemotron-Nano-12B-v2", "explicit", None, None, None, None,
                     "TP size unknown (no trace engine record or worker names in the log)")]  # fmt: skip
+
+
+def test_an_engine_setting_only_the_mamba_dtype_keeps_the_families_ssm_dtype(tmp_path):
+    # vLLM's --mamba-cache-dtype alone leaves Nemotron-H's SSM state in float32
+    record = {**engine_record("decode-0", "decode", 2), "mamba_cache_dtype": "bfloat16"}
+    record.pop("mamba_ssm_cache_dtype", None)
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [record])
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
+        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
+    )
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = Store(tmp_path / "s").connect().sql(
+        "SELECT mamba_ssm_cache_dtype, state_bytes, block_tokens FROM engine_models"
+    ).fetchall()
+    assert got == [("float32", 28 * 2658304, 1312)]

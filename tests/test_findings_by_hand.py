@@ -350,3 +350,24 @@ def test_the_store_sizes_the_engines_as_worked_out_by_hand(stores):
         "recurrent_layers, padding_layers FROM engine_models"
     ).fetchall()
     assert rows == [(6144, 18_866_176, 672, 688_128, 28, 2)]
+
+
+def test_failed_reads_move_nothing_they_had_to_and_a_failed_request_is_a_failure(tmp_path):
+    pair = Pair("more")
+    records = [*pair.engines(), *pair.handoff("r-retry")]
+    # rank 0's first read failed before the one that went through
+    records.append(pair.read("r-retry", 0, T0 - 1, status="failed", bytes=0))
+    # the request record says the transfer failed, though no read says which rank
+    records += pair.handoff("r-said", status="failed", **GONE)
+    path = tmp_path / "in" / "decode-more" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "s").connect()
+    got = con.sql(
+        "SELECT reads, expected_bytes, transported_bytes, excess_bytes FROM request_bytes "
+        "WHERE request_id = 'r-retry'"
+    ).fetchall()
+    assert got == [(5, 4 * EXPECTED, 4 * EXPECTED, 0)]
+    failures = [(f["request_id"], f["rank"]) for f in analyze(con).findings if f["kind"] == "transfer_failed"]
+    assert failures == [("r-retry", 0), ("r-said", None)]

@@ -165,8 +165,9 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         rule: {"inputs": scalar(sql), "findings": per_view[f"finding_{rule}"]}
         for rule, sql in RULE_INPUTS.items()
     }
-    logical, expected, reserved, transported = con.sql(
-        "SELECT logical_bytes, expected_bytes, reserved_bytes, transported_bytes FROM _accounting_totals"
+    logical, expected, reserved, transported, sized = con.sql(
+        "SELECT logical_bytes, expected_bytes, reserved_bytes, transported_bytes, sized_transported_bytes "
+        "FROM _accounting_totals"
     ).fetchall()[0]
     summary = {
         "findings": table.num_rows,
@@ -176,8 +177,9 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         "expected_bytes": expected,
         "reserved_bytes": reserved,
         "transported_bytes": transported,
-        "transported_over_expected": transported / expected if expected else None,
-        "transported_over_logical": transported / logical if logical else None,
+        # ratios over the same reads: those the model could size
+        "transported_over_expected": sized / expected if expected else None,
+        "transported_over_logical": sized / logical if logical else None,
         "expected_over_logical": expected / logical if logical and expected is not None else None,
         "reserved_over_logical": reserved / logical if logical and reserved is not None else None,
         "no_inputs": [
