@@ -109,6 +109,8 @@ def model_command(
     tokens = parse_int_list(missing_tokens)
     if state_blocks < 0:
         raise UsageError("--state-blocks cannot be negative")
+    if tp < 1:
+        raise UsageError("--tp must be at least 1")
     rate = parse_rate(bandwidth)
     fixed = parse_duration(fixed_cost)
     raw = attention_bytes_per_token is not None or state_bytes is not None

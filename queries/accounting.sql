@@ -130,6 +130,7 @@ SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_m
 --
 -- Columns:
 --   reads, reads_ok                     reads accounted (sized engine, request record), successful ones
+--   reads_sized                         successful reads with byte counts (their request gives T)
 --   logical_bytes, expected_bytes,
 --   reserved_bytes, transported_bytes   the four counts summed over the successful reads
 --   sized_transported_bytes             transported, over the reads the model could size (a
@@ -139,6 +140,7 @@ CREATE OR REPLACE VIEW _accounting_totals AS
 SELECT
     count(*) AS reads,
     count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+    count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
     sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
     sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
     sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,

@@ -371,3 +371,16 @@ def test_failed_reads_move_nothing_they_had_to_and_a_failed_request_is_a_failure
     assert got == [(5, 4 * EXPECTED, 4 * EXPECTED, 0)]
     failures = [(f["request_id"], f["rank"]) for f in analyze(con).findings if f["kind"] == "transfer_failed"]
     assert failures == [("r-retry", 0), ("r-said", None)]
+
+
+def test_reads_without_a_token_count_are_not_inputs_of_the_byte_rules(tmp_path):
+    pair = Pair("untold")
+    records = [*pair.engines(), *pair.handoff("r-told"), *pair.handoff("r-untold")]
+    del records[-1]["transferred_tokens"]  # the second request does not say what crossed
+    path = tmp_path / "in" / "decode-untold" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    result = analyze(Store(tmp_path / "s").connect())
+    assert result.summary["rules"]["padding_leak"]["inputs"] == 4  # r-told's four reads
+    assert result.summary["transported_over_expected"] == 1.0  # over the same four reads

@@ -29,8 +29,9 @@ NATIVE_VIEWS = ("finding_native_padding", "finding_native_unexplained", "finding
 
 # What each rule looks at, counted so that a rule that saw nothing says so.
 RULE_INPUTS = {
-    "padding_leak": "SELECT reads_ok FROM _accounting_totals",
-    "unsharded_state": "SELECT reads_ok FROM _accounting_totals",
+    # a read whose request does not give T has no byte counts: the rules cannot see it
+    "padding_leak": "SELECT reads_sized FROM _accounting_totals",
+    "unsharded_state": "SELECT reads_sized FROM _accounting_totals",
     "staging_copy": "SELECT count(*) FROM transfers",
     "useless_boundary": "SELECT count(*) FROM requests WHERE transferred_tokens IS NOT NULL",
     "descriptor_bound": "SELECT count(*) FROM transfers WHERE status = 'ok'",
