@@ -6,10 +6,14 @@
 -- Every read moves whole attention blocks plus one state snapshot, so with P the bytes of
 -- one attention block on one rank and S its unpadded state:
 --     total − n·S                is a multiple of P when the state crossed unpadded,
---     total − n·S_padded         is a multiple of P when it crossed as padded pages.
--- Exactly one holding decides the question; both holding (n·(S_padded − S) is itself a
--- multiple of P, or within the log's rounding) means this data cannot tell; neither
--- means something else moved (staging copies, unsharded state, other models).
+--     total − n·S_padded         is a multiple of P when it crossed as padded pages,
+--     total − n·(S_padded + L)   is a multiple of P when the pages of the allocator's
+--                                padding layers (L) crossed as well (a connector that
+--                                sends whole state groups sends them).
+-- Unpadded holding alone, or one of the padded readings alone, decides the question;
+-- unpadded and a padded reading both holding (their difference is itself a multiple of
+-- P, or within the log's rounding) means this data cannot tell; none holding means
+-- something else moved (staging copies, unsharded state, other models).
 -- It assumes decode and prefill engines of equal TP (one read per rank and request).
 
 -- _block_offset(x, p): how far x is from the nearest multiple of p (x may be negative).
@@ -30,8 +34,11 @@ CREATE OR REPLACE MACRO _block_offset(x, p) AS
 --   tolerance_bytes    how far the log's rounding can put total_bytes off (0 for Prometheus)
 --   block_bytes        P: one attention block of one rank (block_tokens × B)
 --   state_bytes        S; padded_state_bytes: S as padded pages
+--   padding_layers_bytes  L: the padding layers' pages of one state snapshot (0 without)
 --   clean_off_bytes    distance of total − n·S from the nearest multiple of P
 --   padded_off_bytes   distance of total − n·S_padded from the nearest multiple of P
+--   layers_off_bytes   distance of total − n·(S_padded + L) from it (null without padding layers)
+--   with_padding_layers  the padded reading that fits includes the padding layers' pages
 --   padded_reads       reads that sent padded state: 0, n, the one partial m that fits, or
 --                      null when the data cannot say
 --   fitting_counts     how many partial values of m fit when all-or-nothing does not
@@ -48,7 +55,8 @@ WITH sized AS (
                AS tolerance_bytes,
            m.block_tokens * m.attention_bytes_per_token AS block_bytes,
            m.state_bytes,
-           m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state_bytes
+           m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state_bytes,
+           m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layers_bytes
     FROM intervals i
     JOIN engine_models m ON m.engine_id = i.engine_id AND m.error IS NULL
     WHERE i.transfers > 0 AND m.block_tokens IS NOT NULL AND m.state_bytes > 0
@@ -64,31 +72,46 @@ fits AS (
         SELECT *, unnest(range(1, transfers)) AS m FROM sized
         WHERE _block_offset(total_bytes - transfers * state_bytes, block_bytes) > tolerance_bytes
           AND _block_offset(total_bytes - transfers * padded_state_bytes, block_bytes) > tolerance_bytes
+          AND NOT coalesce(padding_layers_bytes > 0 AND _block_offset(
+                  total_bytes - transfers * (padded_state_bytes + padding_layers_bytes), block_bytes)
+              <= tolerance_bytes, false)
     )
     GROUP BY interval_key
 )
-SELECT * EXCLUDE (interval_key),
-       CASE WHEN clean_fit AND padded_fit THEN NULL
+SELECT * EXCLUDE (interval_key, any_padded_fit, layers_fit),
+       NOT padded_fit AND layers_fit AS with_padding_layers,
+       CASE WHEN clean_fit AND any_padded_fit THEN NULL
             WHEN clean_fit THEN 0
-            WHEN padded_fit THEN transfers
+            WHEN any_padded_fit THEN transfers
             WHEN fitting_counts = 1 THEN fitting[1] END AS padded_reads,
-       CASE WHEN clean_fit AND padded_fit THEN 'undecidable'
+       CASE WHEN clean_fit AND any_padded_fit THEN 'undecidable'
             WHEN clean_fit THEN 'unpadded'
-            WHEN padded_fit THEN 'padded'
+            WHEN any_padded_fit THEN 'padded'
             WHEN fitting_counts = 1 THEN 'partly padded'
             WHEN fitting_counts > 1 THEN 'undecidable'
             ELSE 'unexplained' END AS verdict
 FROM (
-    SELECT s.*,
-           _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) AS clean_off_bytes,
-           _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes) AS padded_off_bytes,
-           _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) <= s.tolerance_bytes AS clean_fit,
-           _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes) <= s.tolerance_bytes
-               AS padded_fit,
-           coalesce(f.fitting, []) AS fitting,
-           coalesce(len(f.fitting), 0) AS fitting_counts
-    FROM sized s
-    LEFT JOIN fits f USING (interval_key)
+    SELECT *, padded_fit OR layers_fit AS any_padded_fit
+    FROM (
+        SELECT s.*,
+               _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) AS clean_off_bytes,
+               _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes)
+                   AS padded_off_bytes,
+               CASE WHEN s.padding_layers_bytes > 0 THEN _block_offset(
+                   s.total_bytes - s.transfers * (s.padded_state_bytes + s.padding_layers_bytes), s.block_bytes)
+               END AS layers_off_bytes,
+               _block_offset(s.total_bytes - s.transfers * s.state_bytes, s.block_bytes) <= s.tolerance_bytes
+                   AS clean_fit,
+               _block_offset(s.total_bytes - s.transfers * s.padded_state_bytes, s.block_bytes)
+                   <= s.tolerance_bytes AS padded_fit,
+               coalesce(s.padding_layers_bytes > 0 AND _block_offset(
+                   s.total_bytes - s.transfers * (s.padded_state_bytes + s.padding_layers_bytes), s.block_bytes)
+                   <= s.tolerance_bytes, false) AS layers_fit,
+               coalesce(f.fitting, []) AS fitting,
+               coalesce(len(f.fitting), 0) AS fitting_counts
+        FROM sized s
+        LEFT JOIN fits f USING (interval_key)
+    )
 );
 
 -- finding_native_padding: padding judged per engine from native metrics, for engines the
@@ -104,10 +127,12 @@ SELECT
     CASE WHEN sum(padded_reads) > 0
          THEN sum(padded_reads) || ' of ' || sum(transfers) || ' reads in ' || source_kind
               || ' intervals sent the recurrent state as padded pages'
+              || CASE WHEN bool_or(with_padding_layers) THEN ', padding layers included' ELSE '' END
          ELSE 'block rounding hides padding in these ' || source_kind
               || ' intervals: this data cannot tell whether the state crossed padded' END AS message,
     CAST(json_object('source', source_kind, 'intervals', count(*),
         'padded', count(*) FILTER (WHERE verdict = 'padded'),
+        'with_padding_layers', count(*) FILTER (WHERE with_padding_layers),
         'partly_padded', count(*) FILTER (WHERE verdict = 'partly padded'),
         'padded_reads', sum(padded_reads), 'reads', sum(transfers),
         'unpadded', count(*) FILTER (WHERE verdict = 'unpadded'),

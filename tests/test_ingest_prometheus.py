@@ -138,3 +138,27 @@ def test_a_scrape_rewritten_in_place_is_read_again_whole(tmp_path):
     summary = ingest([tmp_path / "in"], tmp_path / "s")
     assert summary.rejects == 0
     assert rows(tmp_path / "s", "SELECT count(DISTINCT ts) FROM prom_samples") == [(2,)]
+
+
+def test_padding_layers_that_crossed_are_padding_not_a_mystery(tmp_path):
+    folder = tmp_path / "in" / "decode-a"
+    log = vllm_line(f"Initializing NIXL worker {ENGINE_ID}") + "\n"
+    put(folder / "vllm.log", log + vllm_line("ready", process="Worker_TP1 pid=306") + "\n", T0)
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    block, padded, layers = rows(
+        tmp_path / "s",
+        "SELECT block_tokens * attention_bytes_per_token, mamba_padded_page_bytes * recurrent_layers, "
+        "mamba_padded_page_bytes * padding_layers FROM engine_models",
+    )[0]
+    assert layers > 0  # Nemotron Nano at TP 2: 28 Mamba layers in groups of 6, so 2 padding layers
+    read = (0.004, 0.0008, 3 * block + padded + layers, 120)  # every read sent whole state groups
+    put(folder / "metrics-20260421T100010Z.prom", scrape([read] * 2), T0 + 100)
+    put(folder / "metrics-20260421T100020Z.prom", scrape([read] * 12), T0 + 100)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    verdicts = rows(tmp_path / "s", "SELECT verdict, padded_reads, with_padding_layers FROM interval_bytes")
+    assert verdicts == [("padded", 10, True)]
+    con = Store(tmp_path / "s").connect()
+    from hybridtrace.analyze import analyze
+
+    leaks = [f for f in analyze(con).findings if f["kind"] == "padding_leak"]
+    assert len(leaks) == 1 and leaks[0]["message"].endswith("padding layers included")
