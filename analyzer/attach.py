@@ -10,6 +10,7 @@ analyzer measures transfers against.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import duckdb
 import pyarrow as pa
@@ -34,7 +35,11 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
                any_value(mamba_cache_dtype) AS mamba_cache_dtype,
                any_value(mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
                any_value(mamba_cache_mode) AS mamba_cache_mode,
-               max(block_tokens) AS logged_block_tokens
+               -- the block an engine reports: a log line, else its attention groups
+               coalesce(max(block_tokens), max(list_max([
+                   g.block_tokens
+                   FOR g IN json_transform(groups, '[{"kind": "VARCHAR", "block_tokens": "BIGINT"}]')
+                   IF g.kind <> 'mamba']))) AS logged_block_tokens
         FROM engines GROUP BY engine_id ORDER BY engine_id
         """
     ).fetchall()
@@ -76,6 +81,13 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
                 mamba_cache_mode=mode if mode in ("none", "align", "all") else "none",
             )
             sized = size_model(geometry, options)
+            if logged_block and sized.block_tokens and logged_block > sized.block_tokens:
+                # The engine reports a larger block than the defaults give (a --block-size or
+                # --block-align of its own): sized with that alignment, when it reproduces
+                # the block, so whole blocks and padded pages are the engine's.
+                aligned = size_model(geometry, replace(options, block_align=int(logged_block)))
+                if aligned.block_tokens == logged_block:
+                    sized = aligned
         except HybridtraceError as exc:
             row["error"] = str(exc)
             rows.append(row)

@@ -84,3 +84,20 @@ def test_an_engine_setting_only_the_mamba_dtype_keeps_the_families_ssm_dtype(tmp
         "SELECT mamba_ssm_cache_dtype, state_bytes, block_tokens FROM engine_models"
     ).fetchall()
     assert got == [("float32", 28 * 2658304, 1312)]
+
+
+def test_an_engine_reporting_a_larger_block_is_sized_with_it(tmp_path):
+    # the engine ran with --block-align 64: its attention block is 1344 tokens, not 1312
+    record = engine_record("decode-0", "decode", 2)
+    record["groups"][0]["block_tokens"] = 1344
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [record])
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
+    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
+        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
+    )
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = Store(tmp_path / "s").connect().sql(
+        "SELECT block_tokens, logged_block_tokens, mamba_padded_page_bytes FROM engine_models"
+    ).fetchall()
+    # the Mamba page is padded to the block's attention page: 1344 tokens × 2,048 B per layer
+    assert got == [(1344, 1344, 1344 * 2048)]
