@@ -12,6 +12,22 @@ from hybridtrace.store import Store
 CONFIGS = Path(__file__).parent.parent / "analyzer" / "model" / "configs"
 
 
+def nemotron_config(folder: Path) -> None:
+    """The model's config.json in a folder named after it, as a bucket of logs holds it."""
+    (folder / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
+    (folder / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
+        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
+    )
+
+
+def sized(tmp_path: Path, record: dict, columns: str) -> list[tuple]:
+    """``columns`` of engine_models for one engine record and the Nemotron config."""
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [record])
+    nemotron_config(tmp_path / "in")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    return Store(tmp_path / "s").connect().sql(f"SELECT {columns} FROM engine_models").fetchall()
+
+
 def models(store: Path) -> list[tuple]:
     return (
         Store(store)
@@ -27,10 +43,7 @@ def models(store: Path) -> list[tuple]:
 def test_single_config_applies_to_every_engine(tmp_path):
     write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [engine_record("decode-0", "decode", 2)])
     write_jsonl(tmp_path / "in" / "p" / "trace.jsonl", [engine_record("prefill-0", "prefill", 4)])
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
-        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
-    )
+    nemotron_config(tmp_path / "in")
     ingest([tmp_path / "in"], tmp_path / "s")
     got = models(tmp_path / "s")
     # TP 2, bf16 KV: 4 KV heads x 256 x 2 B = 2048 per layer, x 6 layers = 12288;
@@ -74,15 +87,7 @@ def test_an_engine_setting_only_the_mamba_dtype_keeps_the_families_ssm_dtype(tmp
     # vLLM's --mamba-cache-dtype alone leaves Nemotron-H's SSM state in float32
     record = {**engine_record("decode-0", "decode", 2), "mamba_cache_dtype": "bfloat16"}
     record.pop("mamba_ssm_cache_dtype", None)
-    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [record])
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
-        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
-    )
-    ingest([tmp_path / "in"], tmp_path / "s")
-    got = Store(tmp_path / "s").connect().sql(
-        "SELECT mamba_ssm_cache_dtype, state_bytes, block_tokens FROM engine_models"
-    ).fetchall()
+    got = sized(tmp_path, record, "mamba_ssm_cache_dtype, state_bytes, block_tokens")
     assert got == [("float32", 28 * 2658304, 1312)]
 
 
@@ -90,14 +95,6 @@ def test_an_engine_reporting_a_larger_block_is_sized_with_it(tmp_path):
     # the engine ran with --block-align 64: its attention block is 1344 tokens, not 1312
     record = engine_record("decode-0", "decode", 2)
     record["groups"][0]["block_tokens"] = 1344
-    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [record])
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2").mkdir()
-    (tmp_path / "in" / "NVIDIA-Nemotron-Nano-12B-v2" / "config.json").write_text(
-        (CONFIGS / "nemotron-nano-12b-v2.json").read_text()
-    )
-    ingest([tmp_path / "in"], tmp_path / "s")
-    got = Store(tmp_path / "s").connect().sql(
-        "SELECT block_tokens, logged_block_tokens, mamba_padded_page_bytes FROM engine_models"
-    ).fetchall()
+    got = sized(tmp_path, record, "block_tokens, logged_block_tokens, mamba_padded_page_bytes")
     # the Mamba page is padded to the block's attention page: 1344 tokens × 2,048 B per layer
     assert got == [(1344, 1344, 1344 * 2048)]
