@@ -2,19 +2,23 @@
 --
 -- Prometheus scrapes carry no NIXL engine id, only the folder they were found in (and
 -- vLLM's engine index label). A vLLM log found in the same folder names the engine; when
--- no log does, the folder name stands for the engine, as it does for logs without a
--- NIXL engine id.
+-- no log does, the folder's name stands for the engine, as it does for logs without a
+-- NIXL engine id. An instance is the folder's whole path: two runs' folders of the same
+-- name (logs/0421/decode-0, logs/0422/decode-0) are two instances, not one series.
 --
 -- Columns:
---   instance    folder name holding the objects
+--   instance    path of the folder holding the objects
+--   folder      its last name (what stores written before paths were kept call the instance)
 --   engine_id   the NIXL engine id a log in that folder reported (one per folder)
 -- A log read before its `Initializing NIXL worker` line falls back to the folder name;
 -- a real id from another read of the folder wins over that fallback.
 CREATE OR REPLACE VIEW _instance_engines AS
-SELECT instance, coalesce(max(engine_id) FILTER (WHERE engine_id <> instance), instance) AS engine_id
+SELECT instance, folder, coalesce(max(engine_id) FILTER (WHERE engine_id <> folder), folder) AS engine_id
 FROM (
-    SELECT regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS instance, engine_id
+    SELECT regexp_extract(uri, '^(.*)/[^/]+$', 1) AS instance,
+           regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS folder,
+           engine_id
     FROM sources
     WHERE format = 'vllm_log' AND engine_id IS NOT NULL
 )
-GROUP BY instance;
+GROUP BY instance, folder;

@@ -88,7 +88,7 @@ WITH per_scrape AS (
 SELECT
     s.prev_ts AS start_ts,
     s.ts AS end_ts,
-    coalesce(e.engine_id, s.instance) AS engine_id,
+    coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
     'prometheus' AS source_kind,
     'engine=' || coalesce(s.engine_label, '') AS process,
     CAST(s.n AS BIGINT) AS transfers,
@@ -106,7 +106,9 @@ SELECT
     s.source_id,
     s.line_number
 FROM per_scrape s
-LEFT JOIN _instance_engines e ON e.instance = s.instance
+-- an instance is a path; a store written before paths were kept has the folder's name
+LEFT JOIN _instance_engines e
+  ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance)
 LEFT JOIN _prom_p90 x
   ON x.instance = s.instance AND x.ts = s.ts AND x.engine_label IS NOT DISTINCT FROM s.engine_label
  AND x.model_name IS NOT DISTINCT FROM s.model_name AND x.family = 'vllm:nixl_xfer_time_seconds'

@@ -162,3 +162,16 @@ def test_padding_layers_that_crossed_are_padding_not_a_mystery(tmp_path):
 
     leaks = [f for f in analyze(con).findings if f["kind"] == "padding_leak"]
     assert len(leaks) == 1 and leaks[0]["message"].endswith("padding layers included")
+
+
+def test_two_runs_folders_of_one_name_are_two_instances(tmp_path):
+    for day, start in (("0421", T0), ("0422", T0 + 86_400)):
+        folder = tmp_path / "in" / day / "decode-0"
+        put(folder / "vllm.log", vllm_line(f"Initializing NIXL worker engine-{day}") + "\n", start)
+        put(folder / "a.prom", scrape(FIRST, timestamp_ms=int(start * 1000)), start)
+        put(folder / "b.prom", scrape(SECOND, timestamp_ms=int((start + 10) * 1000)), start + 10)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT engine_id, end_ts - start_ts, transfers FROM intervals "
+                               "WHERE source_kind = 'prometheus' ORDER BY end_ts")  # fmt: skip
+    # one interval per run, each on its own engine; nothing spans the day between them
+    assert got == [("engine-0421", 10.0, 2), ("engine-0422", 10.0, 2)]

@@ -171,7 +171,9 @@ def _all_rows(root: Path) -> dict[str, list[tuple]]:
         "requests": "SELECT request_id, ts, missing_tokens FROM requests",
         "log_events": "SELECT engine_id, kind, ts, request_id, line_number, event_hash FROM log_events",
         "intervals": "SELECT engine_id, source_kind, end_ts, transfers, transported_bytes FROM intervals",
-        "prom_samples": "SELECT instance, metric, labels, le, ts, value FROM prom_samples",
+        # an instance is its folder's path, which differs between a bucket and a local folder
+        "prom_samples": "SELECT regexp_extract(instance, '([^/]+)$', 1), metric, labels, le, ts, value "
+        "FROM prom_samples",
     }
     return {name: sorted(con.sql(sql).fetchall(), key=repr) for name, sql in queries.items()}
 

@@ -678,7 +678,7 @@ class _ObjectReader:
         samples, rejects = prometheus.parse_snapshot(texts, first_line, self.obj.name, self.mtime)
         self._reject(row, bad + rejects)
         if samples:
-            instance = _folder_engine_id(self.obj)
+            instance = self.uri.rsplit("/", 1)[0]  # the folder's path: see _instance_engines
             table = _rows_table([{**s, "instance": instance, "source_id": row["source_id"]} for s in samples])
             self._add(row, "prom_samples", _with_day(table, "ts"))
 
