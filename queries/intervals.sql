@@ -26,9 +26,12 @@
 --
 -- One row per series and scrape after its first: vLLM's vllm:nixl_* and
 -- vllm:prompt_tokens_by_source_total, and NIXL's agent_* exporter (agent_rx_bytes_total,
--- agent_xfer_time_us_sum, ...). A counter that went down was reset (the process
--- restarted), so its delta is its new value. Gauges (agent_*_last_*) are differenced
--- too: read them from prom_samples instead.
+-- agent_xfer_time_us_sum, ...). A restart resets every counter of the process at once,
+-- so a scrape is a reset for all series of its instance and engine label when any of
+-- their counters went down, or a `_created` time changed (which shows a restart even
+-- when the new counts have already passed the old ones): then each delta is the new
+-- value. Gauges (agent_*_last_*) are differenced too, but never decide a reset: read
+-- them from prom_samples instead.
 --
 -- Columns:
 --   instance, engine_label, model_name, metric, labels, le   the series
@@ -36,20 +39,29 @@
 --   delta                                                  growth since prev_ts
 --   source_id, line_number, day                            provenance of this scrape's sample
 CREATE OR REPLACE VIEW prom_deltas AS
-SELECT * FROM (
-SELECT
-    instance, engine_label, model_name, metric, labels, le, ts,
-    lag(ts) OVER w AS prev_ts,
-    CASE
-        WHEN lag(value) OVER w IS NULL THEN NULL
-        WHEN value < lag(value) OVER w THEN value
-        ELSE value - lag(value) OVER w
-    END AS delta,
-    source_id, line_number, day
-FROM prom_samples
-WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts)
+WITH steps AS (
+    SELECT instance, engine_label, model_name, metric, labels, le, ts, value,
+           lag(ts) OVER w AS prev_ts, lag(value) OVER w AS prev_value,
+           source_id, line_number, day
+    FROM prom_samples
+    WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts)
+),
+resets AS (
+    SELECT instance, engine_label, ts,
+           bool_or(CASE WHEN metric LIKE '%\_created' ESCAPE '\' THEN value <> prev_value
+                        WHEN regexp_matches(metric, '_(total|count|sum|bucket)$') THEN value < prev_value
+                        ELSE false END) AS reset
+    FROM steps
+    WHERE prev_value IS NOT NULL
+    GROUP BY ALL
 )
-WHERE prev_ts IS NOT NULL;
+SELECT s.instance, s.engine_label, s.model_name, s.metric, s.labels, s.le, s.ts, s.prev_ts,
+       CASE WHEN r.reset OR s.value < s.prev_value THEN s.value ELSE s.value - s.prev_value END AS delta,
+       s.source_id, s.line_number, s.day
+FROM steps s
+JOIN resets r
+  ON r.instance = s.instance AND r.engine_label IS NOT DISTINCT FROM s.engine_label AND r.ts = s.ts
+WHERE s.prev_ts IS NOT NULL;
 
 CREATE OR REPLACE VIEW _prom_deltas AS
 SELECT * FROM prom_deltas WHERE metric LIKE 'vllm:nixl_%';

@@ -175,3 +175,27 @@ def test_two_runs_folders_of_one_name_are_two_instances(tmp_path):
                                "WHERE source_kind = 'prometheus' ORDER BY end_ts")  # fmt: skip
     # one interval per run, each on its own engine; nothing spans the day between them
     assert got == [("engine-0421", 10.0, 2), ("engine-0422", 10.0, 2)]
+
+
+def test_a_restart_resets_every_series_of_the_process(tmp_path):
+    folder = tmp_path / "in" / "decode-a"
+    before = [(0.004, 0.0008, 10_000_000, 120)] * 10
+    # after the restart fewer reads, but bigger ones: the bytes sum rose while the count fell
+    after = [(0.004, 0.0008, 90_000_000, 120)] * 4
+    put(folder / "metrics-20260421T100010Z.prom", scrape(before), T0)
+    put(folder / "metrics-20260421T100020Z.prom", scrape(after), T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT transfers, transported_bytes FROM intervals "
+                               "WHERE source_kind = 'prometheus'")  # fmt: skip
+    assert got == [(4, 4 * 90_000_000)]
+
+
+def test_a_changed_created_time_is_a_restart_even_when_counts_grew(tmp_path):
+    folder = tmp_path / "in" / "decode-a"
+    created = 'vllm:nixl_xfer_time_seconds_created{engine="0",model_name="nemotron-nano"} {}\n'
+    put(folder / "metrics-20260421T100010Z.prom", scrape(FIRST) + created.replace("{}", str(T0 - 50)), T0)
+    # restarted at T0 + 5, and by the next scrape already past the old counts
+    put(folder / "metrics-20260421T100020Z.prom", scrape(SECOND) + created.replace("{}", str(T0 + 5)), T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT transfers FROM intervals WHERE source_kind = 'prometheus'")
+    assert got == [(len(SECOND),)]
