@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from hybridtrace.buckets import bucket, is_bucket, redact
 from hybridtrace.errors import UsageError
 from hybridtrace.kinds import parse_kinds
 from hybridtrace.storage import LeaseHeld, root_of
+from hybridtrace.toml_files import read_toml
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -85,16 +85,7 @@ def _section(raw: dict, name: str, path: Path) -> dict:
 def load_job(path: str | Path) -> JobConfig:
     """Read and check a job file; every mistake is a one-line UsageError."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise UsageError(f"{path}: no such job file") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not a text file") from exc
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    raw = read_toml(path, "job file")
     known = {"inputs", "store", "report", "alert", "thresholds"}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -9,13 +9,13 @@ The rules read them from the ``_thresholds`` table, so SQL and docs share one li
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
 from hybridtrace.errors import UsageError
+from hybridtrace.toml_files import read_toml
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,8 @@ def load(path: str | Path | None = None) -> dict[str, float]:
     """Defaults, overridden by ``[thresholds]`` of ``path`` (or ./hybridtrace.toml when present)."""
     values = dict(DEFAULTS)
     candidate = Path(path) if path else Path("hybridtrace.toml")
-    if path and not candidate.exists():
-        raise UsageError(f"{candidate}: no such config file")
-    if candidate.exists():
-        try:
-            raw = tomllib.loads(candidate.read_text()).get("thresholds", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{candidate}: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"{candidate}: not a text file") from exc
-        except OSError as exc:
-            raise UsageError(f"{candidate}: cannot read: {exc.strerror or exc}") from exc
+    if path or candidate.exists():  # a named file must exist; the default one may not
+        raw = read_toml(candidate, "config file").get("thresholds", {})
         if not isinstance(raw, dict):
             raise UsageError(f"{candidate}: [thresholds] must be a table")
         spec = {t.name: t for t in THRESHOLDS}

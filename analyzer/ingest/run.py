@@ -402,11 +402,12 @@ class _Ingest:
                           "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
         self.batch.add("models", table)
 
-    def error(self, uri: str, message: str) -> None:
-        """Count an object that could not be read (its manifest row says so too)."""
+    def error(self, row: dict, message: str) -> None:
+        """Mark an object's manifest row as unreadable, and count it for the summary."""
+        row.update(status="error", message=message)
         self.summary.errors += 1
         if len(self.summary.error_messages) < ERROR_MESSAGES:
-            self.summary.error_messages.append(f"{redact(uri)}: {message}")
+            self.summary.error_messages.append(f"{redact(row['uri'])}: {message}")
 
     def listed_unchanged(self, obj: ObjectRef) -> bool:
         """True when the listing alone says the object is as last read (nothing to open)."""
@@ -427,8 +428,7 @@ class _Ingest:
             if obj.local is not None and obj.local.is_dir():
                 self.errored_folders.append(uri)
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
-            self.batch.sources[-1].update(status="error", message=obj.error)
-            self.error(uri, obj.error)
+            self.error(self.batch.sources[-1], obj.error)
             return
         last = self.previous.get(uri)
         unchanged = self.may_be_unchanged(obj)
@@ -449,9 +449,7 @@ class _Ingest:
             if raw is not None:
                 raw.close()
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
-            message = f"cannot read: {redact(exc.strerror or str(exc))}"
-            self.batch.sources[-1].update(status="error", message=message)
-            self.error(uri, message)
+            self.error(self.batch.sources[-1], f"cannot read: {redact(exc.strerror or str(exc))}")
             return
         if unchanged and version is not None and version == last["version"]:
             raw.close()
@@ -492,8 +490,7 @@ class _Ingest:
             self.batch.sources.append(
                 self._source_row(uri, size, mtime, fingerprint, start, first_line, "unknown", version)
             )
-            self.batch.sources[-1].update(status="error", message=f"cannot read: {exc}")
-            self.error(uri, f"cannot read: {exc}")
+            self.error(self.batch.sources[-1], f"cannot read: {redact(str(exc))}")
             return
         reader = _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
         try:
@@ -503,9 +500,7 @@ class _Ingest:
         except (OSError, EOFError, zlib.error) as exc:
             # a corrupt or truncated object (a cut .gz, a read that failed half-way): what was
             # read stays, the object is marked, and the run goes on; the next run tries again
-            message = f"cannot read: {redact(str(exc)) or type(exc).__name__}"
-            reader.fail(message)
-            self.error(uri, message)
+            self.error(reader.fail(), f"cannot read: {redact(str(exc)) or type(exc).__name__}")
         self.done_bytes += size
         self.progress.update(summary, self.done_bytes)
         self.maybe_commit()
@@ -571,13 +566,14 @@ class _ObjectReader:
         self.row: dict | None = None  # the manifest row of the slice being read
         self.log_ctx: vllm_log.LogContext | None = None
 
-    def fail(self, message: str) -> None:
-        """Close the read's open manifest row as an error (or add one)."""
+    def fail(self) -> dict:
+        """Close the read's open manifest row (or add one) for the run to mark as an error."""
         row = self.row
         if row is None or "counts" not in row:
             row = self._new_row(self.row["end_offset"] if self.row else 0, 1)
         self._close_row(row)
-        row.update(status="error", message=message, format=self.fmt or "unknown")
+        row["format"] = self.fmt or "unknown"
+        return row
 
     def run(self, handle: BinaryIO, start: int, first_line: int) -> None:
         offset, line = start, first_line

@@ -142,7 +142,7 @@ class LogContext:
     carry: list[tuple[int, str]] = field(default_factory=list)  # lines of an unfinished event
     # every line ends in \r (a container run with a TTY): a message continues on the next
     # line when its line ends in a second \r
-    tty: bool = False
+    tty: bool | None = None  # decided by the first chunk of two or more lines
     last_month: int | None = None
     year_offset: int = 0
     base_year: int | None = None
@@ -427,10 +427,11 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
     if ctx.carry:
         carried = pl.DataFrame(ctx.carry, schema={"line_number": pl.Int64, "raw": pl.String}, orient="row")
         frame = pl.concat([carried, frame])
-    if not ctx.tty:
+    if ctx.tty is None:
         ends = frame.filter(pl.col("raw").str.len_bytes() > 0)["raw"].str.ends_with("\r")
-        ctx.tty = ends.len() >= 2 and bool(ends.all())
-    events, ctx.carry, top_rank = _events_frame(frame, final, ctx.tty)
+        if ends.len() >= 2:
+            ctx.tty = bool(ends.all())
+    events, ctx.carry, top_rank = _events_frame(frame, final, bool(ctx.tty))
     if top_rank is not None and (ctx.max_tp_rank is None or top_rank > ctx.max_tp_rank):
         # Worker_TP<r> processes exist for every rank (vLLM names them so only at TP 2 or
         # more): the highest rank seen gives the TP size, unless a line states it.
