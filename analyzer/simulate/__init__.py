@@ -38,38 +38,40 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     injected: dict[str, int] = {}
     natural: dict[str, int] = {}
     staged = out / "truth.findings.tmp"
-    with open(staged, "w") as findings_file:
-        first = True
+    try:
+        with open(staged, "wb") as findings_file:
 
-        def record(findings: pl.DataFrame) -> None:
-            nonlocal first
-            if not findings.height:
-                return
-            for kind, was_injected, count in findings.group_by(["kind", "injected"]).len().iter_rows():
-                bucket = injected if was_injected else natural
-                bucket[kind] = bucket.get(kind, 0) + count
-            findings_file.write(("" if first else ",\n") + findings["line"].str.join(",\n").item())
-            first = False
+            def record(findings: pl.DataFrame) -> None:
+                if not findings.height:
+                    return
+                for kind, was_injected, count in findings.group_by(["kind", "injected"]).len().iter_rows():
+                    bucket = injected if was_injected else natural
+                    bucket[kind] = bucket.get(kind, 0) + count
+                # each line after a separator; the file's first two bytes are skipped below
+                writer.sink.lines(findings_file, ",\n" + findings["line"], terminated=True)
 
-        global_rows = [(f["kind"], True, json.dumps(f, **_COMPACT)) for f in global_findings(plan)]
-        record(
-            pl.DataFrame(
-                global_rows,
-                schema={"kind": pl.String, "injected": pl.Boolean, "line": pl.String},
-                orient="row",
+            global_rows = [(f["kind"], True, json.dumps(f, **_COMPACT)) for f in global_findings(plan)]
+            record(
+                pl.DataFrame(
+                    global_rows,
+                    schema={"kind": pl.String, "injected": pl.Boolean, "line": pl.String},
+                    orient="row",
+                )
             )
-        )
-        previous = None
-        for block in blocks(plan, block_size):
+            previous = None
+            for block in blocks(plan, block_size):
+                if previous is not None:
+                    # Reads start after their request arrives: nothing before this block's
+                    # first arrival can change any more.
+                    writer.consume(previous, float(block.requests["arrival"].min()))
+                record(block.findings)
+                previous = block
             if previous is not None:
-                # Reads start after their request arrives: nothing before this block's first
-                # arrival can change any more.
-                writer.consume(previous, float(block.requests["arrival"].min()))
-            record(block.findings)
-            previous = block
-        if previous is not None:
-            writer.consume(previous, math.inf)
-    counts = writer.close()
+                writer.consume(previous, math.inf)
+            counts = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
     summary = {
         "injected": injected,
         "natural": natural,
@@ -79,6 +81,7 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     with open(out / "truth.json", "w") as handle:
         handle.write('{"findings":[\n')
         with open(staged) as findings_file:
+            findings_file.read(2)  # the first line's separator
             shutil.copyfileobj(findings_file, handle)
         handle.write('\n],\n"inputs":' + json.dumps(counts, **_COMPACT))
         handle.write(',\n"summary":' + json.dumps(summary, **_COMPACT) + "}\n")

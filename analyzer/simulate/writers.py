@@ -21,6 +21,8 @@ import heapq
 import json
 import math
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -107,28 +109,46 @@ def _tick(column: str, start: float, every: float) -> pl.Expr:
     return ((pl.col(column) - start) / every).ceil().cast(pl.Int64).clip(1)
 
 
-def percentile90(values: list[float]) -> float:
-    """numpy's default (linear) 90th percentile, as vLLM computes it."""
-    ordered = sorted(values)
-    position = 0.9 * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def kv_metrics_line(xfer: list[float], post: list[float], total_bytes: int, descriptors: int) -> str:
-    """The `KV Transfer metrics` message of one interval, rounded as vLLM rounds it."""
-    n = len(xfer)
+def kv_metrics_line(
+    n: int, xfer_sum: float, xfer_p90: float, post_sum: float, post_p90: float, total_bytes: int, descriptors: int
+) -> str:
+    """The `KV Transfer metrics` message of one interval, rounded as vLLM rounds it (its P90s
+    are numpy's default, linear, percentiles)."""
     values = {
         "Num successful transfers": n,
-        "Avg xfer time (ms)": round(sum(xfer) / n * 1e3, 3),
-        "P90 xfer time (ms)": round(percentile90(xfer) * 1e3, 3),
-        "Avg post time (ms)": round(sum(post) / n * 1e3, 3),
-        "P90 post time (ms)": round(percentile90(post) * 1e3, 3),
+        "Avg xfer time (ms)": round(xfer_sum / n * 1e3, 3),
+        "P90 xfer time (ms)": round(xfer_p90 * 1e3, 3),
+        "Avg post time (ms)": round(post_sum / n * 1e3, 3),
+        "P90 post time (ms)": round(post_p90 * 1e3, 3),
         "Avg MB per transfer": round(total_bytes / 2**20 / n, 3),
-        "Throughput (MB/s)": round(total_bytes / 2**20 / sum(xfer), 3),
+        "Throughput (MB/s)": round(total_bytes / 2**20 / xfer_sum, 3),
         "Avg number of descriptors": round(descriptors / n, 1),
     }
     return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def _interval_summaries(rows: pl.DataFrame) -> dict[int, tuple]:
+    """kv_metrics_line's arguments per interval ``k``, from the interval's successful reads.
+
+    Each interval's values are gathered in row order and summed as one list, so the sums do
+    not depend on how a parallel group_by split the rows between threads.
+    """
+    p90 = pl.element().quantile(0.9, interpolation="linear")
+    summary = (
+        rows.group_by("k")
+        .agg(pl.col("xfer_s"), pl.col("post_s"), pl.col("bytes").sum(), pl.col("descriptors").sum())
+        .select(
+            "k",
+            pl.col("xfer_s").list.len(),
+            pl.col("xfer_s").list.sum().alias("xfer_sum"),
+            pl.col("xfer_s").list.eval(p90).list.first().alias("xfer_p90"),
+            pl.col("post_s").list.sum().alias("post_sum"),
+            pl.col("post_s").list.eval(p90).list.first().alias("post_p90"),
+            "bytes",
+            "descriptors",
+        )
+    )
+    return {row[0]: row[1:] for row in summary.iter_rows()}
 
 
 def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
@@ -142,29 +162,71 @@ def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
     return pl.concat(pl.collect_all([lazy.slice(i * step, step) for i in range(parts)]))
 
 
-def _write_lines(handle: BinaryIO, lines: pl.Series, *, terminated: bool = False) -> None:
-    """Each line as is, newline-terminated (``terminated``: each ends with its newline).
+class _Sink:
+    """Writes on one background thread, in the order asked, while the next block is made.
 
-    The column's bytes are the file's bytes, so they are written as they lie in memory:
-    formatting them again (as a CSV writer would) costs more than producing them.
+    Copying a block into the page cache takes the kernel about as long as making it (here
+    some 3 s per GB), and neither needs the other's core: the write (and the gzip of the
+    rotated log, which runs with it) releases the GIL. One thread keeps every file's writes
+    in order, so a seed still gives the same bytes; at most ``limit`` bytes wait, so memory
+    stays bounded. A failed write is raised by the next call, or by ``close``.
     """
-    if not lines.len():
-        return
-    if lines.null_count():  # a record built from a null piece is null as a whole
-        raise ValueError("a line to write is null: a field it is built from has no value")
-    array = (lines if terminated else lines + "\n").to_arrow()
-    if not isinstance(array, pa.LargeStringArray):
-        array = array.cast(pa.large_string())
-    _, offsets, data = array.buffers()
-    bounds = memoryview(offsets).cast("q")
-    handle.write(memoryview(data)[bounds[array.offset] : bounds[array.offset + len(array)]])
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-write")
+        self._pending: deque[tuple[Future, int]] = deque()
+        self._waiting = 0
+        self._limit = limit
+
+    def write(self, handle: BinaryIO, data: memoryview | bytes) -> None:
+        size = len(data) if isinstance(data, bytes) else data.nbytes
+        self._pending.append((self._pool.submit(handle.write, data), size))
+        self._waiting += size
+        while self._waiting > self._limit and len(self._pending) > 1:
+            self._finish_one()
+
+    def lines(self, handle: BinaryIO, lines: pl.Series, *, terminated: bool = False) -> None:
+        """Each line as is, newline-terminated (``terminated``: each ends with its newline).
+
+        The column's bytes are the file's bytes, so they are written as they lie in memory:
+        formatting them again (as a CSV writer would) costs more than producing them.
+        """
+        if not lines.len():
+            return
+        if lines.null_count():  # a record built from a null piece is null as a whole
+            raise ValueError("a line to write is null: a field it is built from has no value")
+        # Polars hands its string views over as they are; Arrow gathers them into one
+        # buffer several times faster than polars' own conversion to offsets does.
+        array = (lines if terminated else lines + "\n").to_arrow(compat_level=pl.CompatLevel.newest())
+        if not isinstance(array, pa.LargeStringArray):
+            array = array.cast(pa.large_string())
+        _, offsets, data = array.buffers()
+        bounds = memoryview(offsets).cast("q")
+        self.write(handle, memoryview(data)[bounds[array.offset] : bounds[array.offset + len(array)]])
+
+    def _finish_one(self) -> None:
+        future, size = self._pending.popleft()
+        self._waiting -= size
+        future.result()
+
+    def drain(self) -> None:
+        """Wait until everything asked is written."""
+        while self._pending:
+            self._finish_one()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _EngineFiles:
     """One engine's folder: trace, rotated and live log, scrapes; and its periodic state."""
 
-    def __init__(self, plan: Plan, engine, out: Path) -> None:
+    def __init__(self, plan: Plan, engine, out: Path, sink: _Sink) -> None:
         self.plan, self.engine, self.options = plan, engine, plan.options
+        self.sink = sink
         self.folder = out / engine.engine_id
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace = open(self.folder / "trace.jsonl", "wb")  # noqa: SIM115 - closed in close()
@@ -181,7 +243,7 @@ class _EngineFiles:
         self.core = core
         tp = engine.tp_size
         self.workers = [f"Worker_TP{r} pid={300 + r}" for r in range(tp)] if tp > 1 else [core]
-        self.stats: dict[int, list] = {}  # open 10-second intervals: k -> [xfer, post, bytes, descriptors]
+        self.stat_rows: list[pl.DataFrame] = []  # successful reads of open 10-second intervals
         self.load: dict[int, list[int]] = {}  # k -> [requests, tokens]
         self.next_tick = 1
         self.scrape_counts: dict[int, list[list[int]]] = {}  # open scrape ticks -> bucket counts
@@ -343,7 +405,7 @@ class _EngineFiles:
         transfers = _encoded(reads, _transfer_json(), 0)
         asked = _encoded(requests, _request_json(), 1)
         merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
-        _write_lines(self.trace, merged["line"], terminated=True)
+        self.sink.lines(self.trace, merged["line"], terminated=True)
         self.counts["transfers"] += reads.height
         self.counts["requests"] += requests.height
 
@@ -357,16 +419,8 @@ class _EngineFiles:
             "bytes",
             "descriptors",
         )
-        for k, xfer, post, size, descs in (
-            ticks.group_by("k", maintain_order=True)
-            .agg(pl.col("xfer_s"), pl.col("post_s"), pl.col("bytes").sum(), pl.col("descriptors").sum())
-            .iter_rows()
-        ):
-            slot = self.stats.setdefault(k, [[], [], 0, 0])
-            slot[0].extend(xfer)
-            slot[1].extend(post)
-            slot[2] += size
-            slot[3] += descs
+        if ticks.height:
+            self.stat_rows.append(ticks)
         scrape = ok.with_columns(_tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k"))
         for h, (_, bounds, column) in enumerate(HISTOGRAMS):
             edges = pl.Series([float(b) for b in bounds])
@@ -415,6 +469,7 @@ class _EngineFiles:
         options = self.options
         interval = options.stats_interval_s
         last_tick = math.ceil((options.start_ts + options.duration_s + 5.0 - options.start_ts) / interval)
+        summaries = self._closed_intervals(watermark)
         while self.next_tick <= last_tick and options.start_ts + self.next_tick * interval < watermark:
             k, tick = self.next_tick, options.start_ts + self.next_tick * interval
             running, tokens = self.load.pop(k, [0, 0])
@@ -425,11 +480,11 @@ class _EngineFiles:
                     where="loggers.py:236",
                     process=self.api,
                 )
-                slot = self.stats.pop(k, None)
-                if slot and slot[0]:
+                summary = summaries.get(k)
+                if summary:
                     self.add(
                         tick,
-                        kv_metrics_line(slot[0], slot[1], slot[2], slot[3]),
+                        kv_metrics_line(*summary),
                         where="metrics.py:103",
                         process=self.api,
                     )
@@ -457,11 +512,24 @@ class _EngineFiles:
         early = merged.filter(pl.col("ts") < self.rotate_at)["line"]
         late = merged.filter(pl.col("ts") >= self.rotate_at)["line"]
         if early.len():
-            _write_lines(self.rotated, early)
+            self.sink.lines(self.rotated, early)
         if late.len():
-            _write_lines(self.live, late)
+            self.sink.lines(self.live, late)
         if self.engine.role == "decode":
             self._flush_scrapes(watermark)
+
+    def _closed_intervals(self, watermark: float) -> dict[int, tuple]:
+        """Summaries of the statistics intervals that end before ``watermark``; the reads of
+        later intervals stay for the next flush."""
+        if not self.stat_rows:
+            return {}
+        rows = pl.concat(self.stat_rows) if len(self.stat_rows) > 1 else self.stat_rows[0]
+        options = self.options
+        # the same arithmetic as the tick loop of flush, so both agree on every boundary
+        closed = pl.lit(options.start_ts) + pl.col("k") * options.stats_interval_s < watermark
+        done, rest = rows.filter(closed), rows.filter(~closed)
+        self.stat_rows = [rest] if rest.height else []
+        return _interval_summaries(done) if done.height else {}
 
     def _flush_scrapes(self, watermark: float) -> None:
         options = self.options
@@ -501,6 +569,7 @@ class _EngineFiles:
     def close(self) -> None:
         self.flush(math.inf)
         end = self.options.start_ts + self.options.duration_s + 5.0
+        self.sink.drain()  # the files' last blocks are in before they close
         for handle in (self.trace, self.rotated, self.live):
             handle.close()
         os.utime(self.folder / "trace.jsonl", (end, end))
@@ -520,7 +589,8 @@ class BundleWriter:
         config_dir.mkdir(parents=True, exist_ok=True)
         (config_dir / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
         os.utime(config_dir / "config.json", (end, end))
-        self.files = [_EngineFiles(plan, engine, out) for engine in plan.engines]
+        self.sink = _Sink()
+        self.files = [_EngineFiles(plan, engine, out, self.sink) for engine in plan.engines]
 
     def consume(self, block: Block, watermark: float) -> None:
         for files in self.files:
@@ -543,11 +613,18 @@ class BundleWriter:
             "log_intervals": 0,
             "prom_scrapes": 0,
         }
-        for files in self.files:
-            files.close()
-            for key, value in files.counts.items():
-                counts[key] += value
+        try:
+            for files in self.files:
+                files.close()
+                for key, value in files.counts.items():
+                    counts[key] += value
+        finally:
+            self.sink.close()
         return counts
+
+    def abort(self) -> None:
+        """Stop writing after an error: nothing more is asked of the writing thread."""
+        self.sink._pool.shutdown(wait=True, cancel_futures=True)
 
 
 __all__ = ["BundleWriter", "kv_metrics_line"]
