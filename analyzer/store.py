@@ -321,9 +321,10 @@ class Store:
                     columns = _select_list(schema, self.files, files)
                 else:  # the dataset's schema already gives a missing column as null
                     columns = _all_columns(schema)
-                con.execute(f"CREATE VIEW {schema.view} AS SELECT {columns} FROM {source}")
+                con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS SELECT {columns} FROM {source}")
             else:
-                con.execute(f"CREATE VIEW {schema.view} AS {schema.empty_select()}")
+                con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
+        _one_record_per_request(con)
         from hybridtrace.attach import engine_models
 
         con.register("_engine_models_table", engine_models(con))
@@ -386,6 +387,32 @@ def _select_list(schema: TableSchema, root: LocalRoot, files: list[str]) -> str:
         else:
             parts.append(f"CAST(NULL AS {column.duckdb_type}) AS {column.name}")
     return ", ".join(parts)
+
+
+# Views that hold every record as read, under another name: the table's own name is a
+# view that keeps one record per entity (see _one_record_per_request).
+_RAW_VIEWS = {"requests": "request_records"}
+
+
+def _raw_view(view: str) -> str:
+    return _RAW_VIEWS.get(view, view)
+
+
+def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
+    """``requests``: one row per request, the latest record when a connector wrote several.
+
+    The trace writes a request once; one written twice, at two times, is two rows by the
+    store's key, and every view joining a read to its request would count the read twice.
+    The latest record stands (its status is the final one); ``request_records`` keeps all.
+    Checking first keeps the common case (no repeats) a plain view.
+    """
+    repeated = con.sql(
+        "SELECT count(*) FROM (SELECT 1 FROM request_records GROUP BY engine_id, request_id HAVING count(*) > 1)"
+    ).fetchall()[0][0]
+    latest = (
+        " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1" if repeated else ""
+    )
+    con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest}")
 
 
 def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:

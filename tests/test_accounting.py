@@ -94,3 +94,23 @@ def test_a_read_with_no_valid_tp_size_has_no_share(store):
     # ingest rejects a TP size below 1; a store written before it did must not divide by it
     shares = store.sql("SELECT _share(2, 4), _share(4, 2), _share(0, 4), _share(4, 0), _share(NULL, 4)")
     assert shares.fetchall() == [(2, 1, None, None, None)]
+
+
+def test_a_request_recorded_twice_counts_its_reads_once(tmp_path):
+    # A connector that writes a request's record again later (here with its final status)
+    # must not make every read of it join twice: the latest record stands.
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    records = [engine_record("decode-0", "decode", 2), engine_record("prefill-0", "prefill", 2)]
+    records += transfer_records(3, tp=2)
+    again = next(r for r in records if r["type"] == "request") | {"status": "failed"}
+    again["ts"] += 1.0
+    write_jsonl(tmp_path / "in" / "decode-0" / "trace.jsonl", [*records, again])
+    ingest([tmp_path / "in"], tmp_path / "store", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "store").connect()
+    assert con.sql("SELECT count(*) FROM request_records").fetchall()[0][0] == 4
+    assert con.sql("SELECT count(*) FROM requests").fetchall()[0][0] == 3
+    assert con.sql("SELECT count(*) FROM transfer_bytes").fetchall()[0][0] == 6
+    assert con.sql("SELECT max(reads) FROM request_bytes").fetchall()[0][0] == 2
+    rows = con.sql("SELECT request_id, status FROM handoffs ORDER BY request_id").fetchall()
+    assert rows == [("cmpl-0-0", "failed"), ("cmpl-0-1", "ok"), ("cmpl-0-2", "ok")]
