@@ -39,6 +39,7 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
 --   excess_bytes           transported − expected (positive: more than a correct connector moves)
 --   padding_gap_bytes      reserved − expected: what sending padded state pages would add
 --   padding_layers_bytes   the padding layers' state pages: what sending them as well would add
+--   staging_bytes          host-buffer copies the connector reported beside the read (0 if none)
 -- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request; null
 -- for a TP size below 1 (ingest rejects those; an older store may hold them).
 CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS
@@ -81,7 +82,7 @@ WITH base AS (
         t.engine_id, t.request_id, t.rank, t.remote_engine_id, t.remote_rank, t.ts, t.status,
         q.tokens, q.state_blocks, _share(t.tp_size, t.remote_tp_size) AS share,
         q.b, q.s, q.block, q.padded_state, q.padding_layer_state,
-        t.transported_bytes,
+        t.transported_bytes, t.staging_bytes,
         t.attention_transported_bytes AS attention_group_bytes,
         t.state_transported_bytes AS state_group_bytes,
         t.groups
@@ -117,7 +118,8 @@ SELECT
     expected_attention_bytes - logical_attention_bytes AS block_rounding_bytes,
     transported_bytes - (expected_attention_bytes + logical_state_bytes) AS excess_bytes,
     reserved_state_bytes - logical_state_bytes AS padding_gap_bytes,
-    padding_layers_bytes
+    padding_layers_bytes,
+    staging_bytes
 FROM counted;
 
 -- _excess_reads: the successful reads that moved more than a correct connector would

@@ -38,6 +38,8 @@ WHERE how IS NOT NULL
 GROUP BY engine_id, request_id;
 
 -- finding_unsharded_state: one rank received far more recurrent state than its TP shard.
+-- An excess that is the padding (padded pages, padding layers) or the read's own host
+-- staging copies, counted in NIXL's bytes, is those findings' and not this one's.
 CREATE OR REPLACE VIEW finding_unsharded_state AS
 SELECT
     'unsharded_state' AS kind, 'warning' AS severity, engine_id, rank, request_id,
@@ -51,6 +53,7 @@ FROM _excess_reads
 WHERE transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
   AND abs(excess_bytes - padding_gap_bytes) > _t('excess_min_bytes')
   AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) > _t('excess_min_bytes')
+  AND abs(excess_bytes - coalesce(staging_bytes, 0)) > _t('excess_min_bytes')
 GROUP BY engine_id, request_id, rank;
 
 -- finding_staging_copy: a read went through a host staging buffer: it says so

@@ -107,7 +107,7 @@ class Pair:
 
 # --- the scenarios: records(fault) gives the faulty trace (True) or its clean twin (False) ---
 
-PAD, SLOTS, STAGE, HOST, BND = (Pair(t) for t in ("pad", "slots", "stage", "host", "bnd"))
+PAD, SLOTS, STAGE, HOST, BND, CNT = (Pair(t) for t in ("pad", "slots", "stage", "host", "bnd", "cnt"))
 SLOW, DESC, EXP, FAIL = (Pair(t) for t in ("slow", "desc", "exp", "fail"))
 SHARD, CFG, BLK, RECO = (Pair(t) for t in ("shard", "cfg", "blk", "reco"))
 
@@ -133,6 +133,15 @@ def staging_copy(fault: bool) -> list[dict]:
     device = {"kv_buffer_device": "cpu" if fault else "cuda"}
     reads = [STAGE.read("r-stage", k, T0, staging_bytes=EXPECTED if fault else 0) for k in RANKS]
     return [*STAGE.engines(decode=device), *reads, STAGE.request("r-stage", T0)]
+
+
+def staging_counted(fault: bool) -> list[dict]:
+    # As staging_copy, but NIXL's bytes count the copy too: each read reports 2 × 27,123,712.
+    # The excess is the copy, not a rank pulling other ranks' state: no unsharded_state.
+    device = {"kv_buffer_device": "cpu" if fault else "cuda"}
+    reads = [CNT.read("r-cnt", k, T0, bytes=2 * EXPECTED if fault else EXPECTED,
+                      staging_bytes=EXPECTED if fault else 0) for k in RANKS]  # fmt: skip
+    return [*CNT.engines(decode=device), *reads, CNT.request("r-cnt", T0)]
 
 
 def cpu_buffer(fault: bool) -> list[dict]:
@@ -246,6 +255,12 @@ SCENARIOS = {
         "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 108_494_848,
         "reserved_bytes": 110_100_480, "host_buffer_engines": ["decode-stage"],
         "copies_counted_in_transport": False}),
+    # transported 4 × 54,247,424 = 216,989,696 > reserved 110,100,480: the copies are counted.
+    "staging_copy/counted": Scenario(
+        staging_counted, [("staging_copy", "decode-cnt", "r-cnt", None, "prefill-cnt")], {
+        "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 216_989_696,
+        "reserved_bytes": 110_100_480, "host_buffer_engines": ["decode-cnt"],
+        "copies_counted_in_transport": True}),
     "staging_copy/cpu_buffer": Scenario(
         cpu_buffer, [("staging_copy", "decode-host", "r-host", None, "prefill-host")], {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
