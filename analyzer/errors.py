@@ -23,3 +23,7 @@ class UnsupportedArchitecture(ConfigError):
 
 class StoreWriteError(HybridtraceError):
     """The store could not be written (disk full, a bucket refusing an upload): the run stops."""
+
+
+class StoreDamagedError(HybridtraceError):
+    """The store's manifest lists data whose files are gone: reading on would answer from less."""

@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.errors import UsageError
+from hybridtrace.errors import StoreDamagedError, UsageError
 from hybridtrace.schema import SCHEMA_VERSION, TABLES, TableSchema, table_schema
 from hybridtrace.storage import BucketRoot, LeaseHeld, LocalRoot, root_of
 
@@ -312,9 +312,12 @@ class Store:
         self.check_version()
         con = duckdb.connect(":memory:")
         batches = self.committed_batches()
+        without_files = []
         for name in TABLES:
             schema = table_schema(name)
             files = self.committed_files(name, batches)
+            if not files:
+                without_files.append(name)
             if files:
                 source = self.files.scan(con, name, files, schema.arrow_schema())
                 if isinstance(self.files, LocalRoot):
@@ -324,6 +327,7 @@ class Store:
                 con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS SELECT {columns} FROM {source}")
             else:
                 con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
+        _check_files_kept(con, self, without_files)
         _one_record_per_request(con)
         from hybridtrace.attach import engine_models
 
@@ -398,6 +402,27 @@ def _raw_view(view: str) -> str:
     return _RAW_VIEWS.get(view, view)
 
 
+def _check_files_kept(con: duckdb.DuckDBPyConnection, store: Store, tables: list[str]) -> None:
+    """Refuse a store whose manifest counts rows of a table that has no file left.
+
+    A folder deleted by hand would otherwise read as a table with no rows, and every
+    analysis would report "nothing matched" where there was data.
+    """
+    tables = [t for t in tables if t != "sources"]
+    if not tables:
+        return
+    sums = ", ".join(f"sum(TRY_CAST(json_extract_string(rows, '$.{t}') AS BIGINT))" for t in tables)
+    listed = con.sql(f"SELECT {sums} FROM sources WHERE status IS DISTINCT FROM 'error'").fetchall()[0]
+    lost = [(t, n) for t, n in zip(tables, listed, strict=True) if n]
+    if lost:
+        what = ", ".join(f"{n:,} rows of {t}" for t, n in lost)
+        tables_left = "that table" if len(lost) == 1 else "those tables"
+        raise StoreDamagedError(
+            f"{store}: the manifest lists {what}, but no file of {tables_left} is left; the store was"
+            " changed by hand. Ingest again into a new store"
+        )
+
+
 def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
     """``requests``: one row per request, the latest record when a connector wrote several.
 
@@ -407,12 +432,11 @@ def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
     Checking first keeps the common case (no repeats) a plain view.
     """
     repeated = con.sql(
-        "SELECT count(*) FROM (SELECT 1 FROM request_records GROUP BY engine_id, request_id HAVING count(*) > 1)"
+        "SELECT count(*) FROM (SELECT 1 FROM request_records "
+        "GROUP BY engine_id, request_id HAVING count(*) > 1)"
     ).fetchall()[0][0]
-    latest = (
-        " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1" if repeated else ""
-    )
-    con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest}")
+    latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
+    con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
 
 
 def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:

@@ -52,8 +52,9 @@ def main() -> None:
 
     glob = str(store / "transfers" / "**" / "*.parquet")
     baseline_sql = (
-        "SELECT count(*), sum(b), max(x) FROM (SELECT engine_id, request_id, rank, sum(transported_bytes) AS b, "
-        f"max(xfer_s) AS x FROM read_parquet('{glob}', hive_partitioning = false) GROUP BY ALL)"
+        "SELECT count(*), sum(b), max(x) FROM (SELECT engine_id, request_id, rank, "
+        "sum(transported_bytes) AS b, max(xfer_s) AS x "
+        f"FROM read_parquet('{glob}', hive_partitioning = false) GROUP BY ALL)"
     )
     baseline_code = f"import duckdb\nprint(duckdb.sql({baseline_sql!r}).fetchall()[0][0])\n"
     analyze_code = (

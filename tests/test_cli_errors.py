@@ -102,6 +102,19 @@ def test_a_damaged_store_says_so(tmp_path, store):
     refused(run("query", "SELECT 1", "--store", str(broken), cwd=tmp_path), "damaged")
 
 
+def test_a_table_folder_deleted_by_hand_is_not_an_empty_table(tmp_path, store):
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    shutil.rmtree(copy / "transfers")
+    result = run("analyze", "--store", str(copy), cwd=tmp_path)
+    refused(result, "the manifest lists 6 rows of transfers, but no file of that table is left")
+    # the store it was copied from still reads
+    kept = run("query", "SELECT count(*) AS n FROM transfers", "--store", str(store), cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+
+
 def test_unreadable_objects_are_counted_and_fail_the_run(tmp_path, monkeypatch):
     write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
     (tmp_path / "in" / "decode-0" / "locked.log").write_text("x\n")
