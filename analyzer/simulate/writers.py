@@ -577,6 +577,15 @@ class _EngineFiles:
         os.utime(self.folder / "vllm.log.1.gz", (self.rotate_at, self.rotate_at))
 
 
+def _rows_of(frame: pl.DataFrame, key: str, engine_id: str) -> pl.DataFrame:
+    """The rows of ``frame`` whose ``key`` is ``engine_id``: the frame itself when all are
+    (one engine per role, the usual case), which spares copying every column."""
+    if not frame.height:
+        return frame
+    mine = frame[key] == engine_id
+    return frame if mine.all() else frame.filter(mine)
+
+
 class BundleWriter:
     """Writes a bundle block by block; ``close`` returns the counts the truth records."""
 
@@ -594,13 +603,11 @@ class BundleWriter:
 
     def consume(self, block: Block, watermark: float) -> None:
         for files in self.files:
-            key = "engine_id" if files.engine.role == "decode" else "remote_engine_id"
-            requests = block.requests.filter(pl.col(key) == files.engine.engine_id)
-            reads = (
-                block.reads.filter(pl.col(key) == files.engine.engine_id)
-                if block.reads.height
-                else block.reads
-            )
+            decode = files.engine.role == "decode"
+            key = "engine_id" if decode else "remote_engine_id"
+            requests = _rows_of(block.requests, key, files.engine.engine_id)
+            # a prefill engine's files say nothing of the reads made from it
+            reads = _rows_of(block.reads, key, files.engine.engine_id) if decode else block.reads.clear()
             if requests.height:
                 files.consume(requests, reads)
             files.flush(watermark)
