@@ -422,24 +422,27 @@ class _EngineFiles:
         if ticks.height:
             self.stat_rows.append(ticks)
         scrape = ok.with_columns(_tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k"))
+        parts = []
         for h, (_, bounds, column) in enumerate(HISTOGRAMS):
-            edges = pl.Series([float(b) for b in bounds])
-            buckets = edges.search_sorted(scrape[column].cast(pl.Float64), side="left")
-            grouped = pl.DataFrame({"k": scrape["k"], "b": buckets, "v": scrape[column].cast(pl.Float64)})
-            # Each group's values are gathered in row order and then summed as one list: a
-            # float sum inside a parallel group_by depends on how the rows were split
-            # between threads, and the same seed must give the same bytes.
-            for k, b, count, total in (
-                grouped.group_by(["k", "b"])
-                .agg(pl.len(), pl.col("v"))
-                .with_columns(pl.col("v").list.sum())
-                .sort(["k", "b"])
-                .iter_rows()
-            ):
-                counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
-                sums = self.scrape_sums.setdefault(k, [0.0] * len(HISTOGRAMS))
-                counts[h][b] += count
-                sums[h] += total
+            values = scrape[column].cast(pl.Float64)
+            bucket = pl.Series([float(b) for b in bounds]).search_sorted(values, side="left")
+            parts.append(pl.DataFrame({"h": pl.repeat(h, scrape.height, dtype=pl.Int32, eager=True),
+                                       "k": scrape["k"], "b": bucket, "v": values}))  # fmt: skip
+        # One group_by for the four histograms. Each group's values are gathered in row order
+        # and then summed as one list: a float sum inside a parallel group_by depends on how
+        # the rows were split between threads, and the same seed must give the same bytes.
+        for h, k, b, count, total in (
+            pl.concat(parts)
+            .group_by(["h", "k", "b"])
+            .agg(pl.len(), pl.col("v"))
+            .with_columns(pl.col("v").list.sum())
+            .sort(["h", "k", "b"])
+            .iter_rows()
+        ):
+            counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
+            sums = self.scrape_sums.setdefault(k, [0.0] * len(HISTOGRAMS))
+            counts[h][b] += count
+            sums[h] += total
         failed = reads.filter(pl.col("status") == "failed").select(
             _tick("done_ts", options.start_ts, options.scrape_interval_s)
         )
