@@ -446,6 +446,9 @@ def explain_command(
     store: StoreOption = None,
     fmt: FormatOption = OutputFormat.table,
     config: Annotated[str | None, typer.Option(help="hybridtrace.toml with a \\[thresholds] table.")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="The decode engine, when several used the same request id.")
+    ] = None,
 ) -> None:
     """One handoff: per-rank timeline, bytes by cache type, tokens, log lines, findings."""
     from hybridtrace.analyze.explain import explain
@@ -456,7 +459,7 @@ def explain_command(
     if not st.exists():
         raise UsageError(f"{root}: no store here")
     _no_csv(fmt, "explain")
-    result = explain(st.connect(), request_id, config=config)
+    result = explain(st.connect(), request_id, engine_id=engine, config=config)
     if fmt is not OutputFormat.table:
         typer.echo(to_json(result))
         return

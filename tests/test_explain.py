@@ -45,3 +45,28 @@ def test_explain_an_expired_request_shows_the_prefill_log_line(con):
 def test_unknown_request_is_a_usage_error(con):
     with pytest.raises(UsageError, match="no request"):
         explain(con, "cmpl-nope")
+
+
+def test_an_id_two_engines_used_needs_the_engine_and_failed_reads_move_nothing(tmp_path):
+    # Request ids are unique per engine only: decode-0 and decode-1 both have cmpl-0-0. The
+    # two handoffs are never summed; --engine picks one. On decode-1 rank 0's first read
+    # failed and was retried: the bytes by cache type count the successful reads only.
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    records = [engine_record(e, "decode", 2) for e in ("decode-0", "decode-1")]
+    records.append(engine_record("prefill-0", "prefill", 2))
+    records += transfer_records(1, tp=2)
+    again = [r | {"engine_id": "decode-1"} for r in transfer_records(1, tp=2)]
+    failed = again[0] | {"status": "failed", "ts": again[0]["ts"] - 0.1}
+    write_jsonl(tmp_path / "in" / "t.jsonl", records + again + [failed])
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "s").connect()
+    with pytest.raises(UsageError, match=r"on 2 decode engines .*--engine"):
+        explain(con, "cmpl-0-0")
+    one = explain(con, "cmpl-0-0", engine_id="decode-0")
+    other = explain(con, "cmpl-0-0", engine_id="decode-1")
+    assert len(one["reads"]) == 2 and len(other["reads"]) == 3
+    assert one["bytes_by_cache_type"] == other["bytes_by_cache_type"]
+    assert one["bytes_by_cache_type"]["expected_attention"] > 0
+    with pytest.raises(UsageError, match="no request 'cmpl-0-0' on decode-9"):
+        explain(con, "cmpl-0-0", engine_id="decode-9")

@@ -23,17 +23,48 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
     return [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
 
 
-def explain(con: duckdb.DuckDBPyConnection, request_id: str, *, config: str | None = None) -> dict:
+def _matching(alias: str = "") -> str:
+    """The rows of the asked request id (either side's), on the asked engine if one is given."""
+    a = f"{alias}." if alias else ""
+    return (
+        f"({a}request_id = ? OR {a}remote_request_id = ?) "
+        f"AND (CAST(? AS VARCHAR) IS NULL OR {a}engine_id = ?)"
+    )
+
+
+def explain(
+    con: duckdb.DuckDBPyConnection,
+    request_id: str,
+    *,
+    engine_id: str | None = None,
+    config: str | None = None,
+) -> dict:
+    """Everything about one request. An id that several decode engines used (ids are only
+    unique per engine) needs ``engine_id``: two engines' handoffs are never summed."""
     install_thresholds(con, load_thresholds(config))
+    matches = _matching()
+    params = [request_id, request_id, engine_id, engine_id]
+    engines = [
+        row[0]
+        for row in con.execute(
+            f"SELECT engine_id FROM requests WHERE {matches} "
+            f"UNION SELECT engine_id FROM transfers WHERE {matches} ORDER BY 1",
+            params + params,
+        ).fetchall()
+    ]
+    if len(engines) > 1:
+        raise UsageError(
+            f"request {request_id!r} is on {len(engines)} decode engines ({', '.join(map(str, engines))}): "
+            "say which with --engine"
+        )
+    engine_id = engines[0] if engines else engine_id
+    params = [request_id, request_id, engine_id, engine_id]
     requests = _rows(
-        con,
-        "SELECT * EXCLUDE (source_id, line_number, day) FROM requests "
-        "WHERE request_id = ? OR remote_request_id = ?",
-        [request_id, request_id],
+        con, f"SELECT * EXCLUDE (source_id, line_number, day) FROM requests WHERE {matches}", params
     )
     reads = _rows(
         con,
-        """
+        f"""
         SELECT t.rank, t.remote_rank, t.remote_engine_id, t.status, t.ts AS post_ts,
                t.post_s, t.xfer_s,
                t.ts + t.xfer_s AS done_ts, t.descriptors, t.transported_bytes, b.expected_bytes,
@@ -41,19 +72,22 @@ def explain(con: duckdb.DuckDBPyConnection, request_id: str, *, config: str | No
                t.transported_bytes / nullif(t.xfer_s, 0) / 1e9 AS effective_gb_s
         FROM transfers t
         LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
-        WHERE t.request_id = ? OR t.remote_request_id = ?
-        ORDER BY t.rank, t.remote_rank
+        WHERE {_matching("t")}
+        ORDER BY t.rank, t.remote_rank, t.ts
         """,
-        [request_id, request_id],
+        params,
     )
     if not requests and not reads:
         events = _rows(con, "SELECT count(*) AS n FROM log_events WHERE request_id = ?", [request_id])
         if not events[0]["n"]:
+            where = f" on {engine_id}" if engine_id else ""
             raise UsageError(
-                f"no request {request_id!r} in the store (give a decode-side or prefill-side id)"
+                f"no request {request_id!r}{where} in the store (give a decode-side or prefill-side id)"
             )
     decode_id = requests[0]["request_id"] if requests else request_id
     remote_id = requests[0]["remote_request_id"] if requests else None
+    # The bytes of the successful reads, as request_bytes sums them: a failed read moved
+    # nothing the handoff needed.
     by_type = _rows(
         con,
         """
@@ -65,9 +99,10 @@ def explain(con: duckdb.DuckDBPyConnection, request_id: str, *, config: str | No
                sum(reserved_state_bytes) AS reserved_state,
                sum(attention_transported_bytes) AS transported_attention,
                sum(state_transported_bytes) AS transported_state
-        FROM transfer_bytes WHERE request_id = ?
+        FROM transfer_bytes
+        WHERE request_id = ? AND status = 'ok' AND (CAST(? AS VARCHAR) IS NULL OR engine_id = ?)
         """,
-        [decode_id],
+        [decode_id, engine_id, engine_id],
     )
     events = _rows(
         con,
@@ -76,8 +111,10 @@ def explain(con: duckdb.DuckDBPyConnection, request_id: str, *, config: str | No
         [decode_id, remote_id or decode_id],
     )
     findings = []
+    scoped = "request_id = ? AND (CAST(? AS VARCHAR) IS NULL OR engine_id = ?)"
     for kind in KINDS:
-        for row in _rows(con, f"SELECT * FROM finding_{kind} WHERE request_id = ?", [decode_id]):
+        hits = _rows(con, f"SELECT * FROM finding_{kind} WHERE {scoped}", [decode_id, engine_id, engine_id])
+        for row in hits:
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
             findings.append(row)
     critical = max((r["xfer_s"] for r in reads if r["status"] == "ok"), default=None)
