@@ -148,6 +148,10 @@ FROM (
     WHERE r.status = 'failed'
       AND NOT EXISTS (SELECT 1 FROM transfers t
                       WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
+      -- a failure line naming the request says which rank: that one finding is the failure
+      AND NOT EXISTS (SELECT 1 FROM log_events e
+                      WHERE e.kind = 'transfer_failed' AND e.request_id = r.request_id
+                        AND e.engine_id = r.engine_id)
     UNION ALL
     SELECT e.engine_id, e.rank, e.request_id, e.remote_engine_id, 'log' AS source
     FROM log_events e
@@ -178,6 +182,11 @@ FROM (
     FROM log_events e
     LEFT JOIN requests r ON r.remote_request_id = e.request_id
     WHERE e.kind IN ('kv_expired', 'kv_expired_declined')
+    -- prefill ids are unique per prefill engine only: when a request read from the engine
+    -- that logged the line matches, requests from other prefill engines with that id do not
+    QUALIFY r.remote_engine_id IS NOT DISTINCT FROM e.engine_id
+         OR NOT coalesce(bool_or(r.remote_engine_id = e.engine_id)
+                         OVER (PARTITION BY e.source_id, e.line_number, e.request_id), false)
 )
 GROUP BY engine_id, request_id;
 

@@ -187,21 +187,35 @@ FROM (
 GROUP BY engine_id;
 
 -- _named_events: failures and expiries a trace record or a log line names, per engine.
--- Failures are counted per read on the decode side; expiries per request on the prefill
--- side (the trace's expired requests count for their prefill engine).
+-- Failures are counted per read on the decode side (a request recorded as failed with no
+-- failed read counts once); expiries per request on the prefill side: a request the trace
+-- records as expired, or one with an expired read, counts for its prefill engine.
 CREATE OR REPLACE VIEW _named_events AS
 SELECT engine_id,
        greatest(coalesce(max(failed_trace), 0), coalesce(max(failed_log), 0)) AS failed_named,
        greatest(coalesce(max(expired_trace), 0), coalesce(max(expired_log), 0)) AS expired_named
 FROM (
     SELECT engine_id, count(*) AS failed_trace, NULL AS failed_log, NULL AS expired_trace, NULL AS expired_log
-    FROM transfers WHERE status = 'failed' GROUP BY engine_id
+    FROM (
+        SELECT engine_id FROM transfers WHERE status = 'failed'
+        UNION ALL
+        SELECT r.engine_id FROM requests r
+        WHERE r.status = 'failed'
+          AND NOT EXISTS (SELECT 1 FROM transfers t
+                          WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
+    )
+    GROUP BY engine_id
     UNION ALL
     SELECT engine_id, NULL, count(*), NULL, NULL
     FROM log_events WHERE kind = 'transfer_failed' GROUP BY engine_id
     UNION ALL
     SELECT remote_engine_id, NULL, NULL, count(*), NULL
-    FROM requests WHERE status = 'expired' GROUP BY remote_engine_id
+    FROM (
+        SELECT remote_engine_id, engine_id, request_id FROM requests WHERE status = 'expired'
+        UNION
+        SELECT remote_engine_id, engine_id, request_id FROM transfers WHERE status = 'expired'
+    )
+    GROUP BY remote_engine_id
     UNION ALL
     SELECT engine_id, NULL, NULL, NULL, count(DISTINCT request_id)
     FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined') GROUP BY engine_id

@@ -399,3 +399,50 @@ def test_reads_without_a_token_count_are_not_inputs_of_the_byte_rules(tmp_path):
     result = analyze(Store(tmp_path / "s").connect())
     assert result.summary["rules"]["padding_leak"]["inputs"] == 4  # r-told's four reads
     assert result.summary["transported_over_expected"] == 1.0  # over the same four reads
+
+
+def test_a_failure_or_expiry_named_twice_is_one_finding_on_the_right_request(tmp_path):
+    # decode-e1 read "x" and "y" from prefill-e1 too late (expired reads); decode-e2 read
+    # its own "x" from prefill-e2 fine; both prefill-side ids of x are p-x. Only prefill-e1
+    # logged an expiry (of p-x), and its counter went 0 → 2: the reads name y. So one
+    # kv_expired for each of decode-e1's x and y, none for decode-e2's x, and no
+    # engine-level "counted but not named". decode-e1's r-f failed: its record says so and
+    # a failure line names rank 0, which is one failure, on rank 0.
+    from loggen import vllm_line
+    from promgen import scrape
+
+    one, two = Pair("e1"), Pair("e2")
+    expired = [one.read(rid, k, T0, status="expired", bytes=0) for k in RANKS for rid in ("x", "y")]
+    records = [*one.engines(), *two.engines(), *expired, one.request("x", T0, status="recomputed", **GONE),
+               one.request("y", T0, status="recomputed", **GONE),
+               *two.handoff("x"), one.request("r-f", T0 + 1, status="failed", **GONE)]  # fmt: skip
+    path = tmp_path / "in" / "decode-e1" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    context = {"failure_type": "transfer_failed", "request_id": "r-f", "engine_id": "decode-e1",
+               "remote_engine_id": "prefill-e1", "remote_request_id": "p-r-f"}  # fmt: skip
+    (tmp_path / "in" / "decode-e1" / "vllm.log").write_text("\n".join([
+        vllm_line("Initializing NIXL worker decode-e1", stamp="11-29 07:07:00"),
+        vllm_line(f"NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {context!r}",
+                  level="ERROR", stamp="11-29 07:08:21", where="worker.py:505"),
+    ]) + "\n")  # fmt: skip
+    prefill = tmp_path / "in" / "prefill-e1"
+    prefill.mkdir()
+    (prefill / "vllm.log").write_text("\n".join([
+        vllm_line("Initializing NIXL worker prefill-e1", stamp="11-29 07:07:00"),
+        vllm_line("Releasing expired KV blocks for request p-x which were retrieved by 0 decode worker(s) "
+                  "within 480 seconds.", level="WARNING", stamp="11-29 07:16:20",
+                  where="base_worker.py:2152"),
+    ]) + "\n")  # fmt: skip
+    stamp_ms = int(T0 * 1000)
+    (prefill / "metrics-1.prom").write_text(scrape([], expired=0, timestamp_ms=stamp_ms))
+    (prefill / "metrics-2.prom").write_text(scrape([], expired=2, timestamp_ms=stamp_ms + 600_000))
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2", year=2025)
+    found = sorted(
+        ((f["kind"], f["engine_id"], f["request_id"], f["rank"])
+         for f in analyze(Store(tmp_path / "s").connect()).findings
+         if f["kind"] in ("kv_expired", "transfer_failed")),
+        key=str,
+    )  # fmt: skip
+    assert found == [("kv_expired", "decode-e1", "x", None), ("kv_expired", "decode-e1", "y", None),
+                     ("transfer_failed", "decode-e1", "r-f", 0)]  # fmt: skip
