@@ -308,7 +308,9 @@ def analyze_command(
     st = Store(root)
     if not st.exists():
         raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
-    kinds = parse_kinds(fail_on, "--fail-on") if fail_on else set()
+    # an empty --fail-on is refused, as `run` refuses it: a script's empty $KINDS must not
+    # turn alerting off without a word
+    kinds = parse_kinds(fail_on, "--fail-on") if fail_on is not None else set()
     result = analyze(st.connect(), config=config)
     if fmt is OutputFormat.json:
         typer.echo(to_json(result.as_dict()))
@@ -771,3 +773,14 @@ def main() -> None:
         where = f": {exc.filename}" if exc.filename else ""
         typer.echo(f"hybridtrace: error: {exc.strerror or exc}{where}", err=True)
         sys.exit(2)
+    except Exception as exc:
+        # A store file damaged on disk reaches us as a DuckDB or Arrow error. Exit 1 means
+        # "findings matched --fail-on" to a scheduler, so this must be 2, in one line.
+        if _state["debug"] or type(exc).__module__.split(".")[0] not in _DATA_ERROR_MODULES:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        typer.echo(f"hybridtrace: error: cannot read the data: {first}", err=True)
+        sys.exit(2)
+
+
+_DATA_ERROR_MODULES = ("duckdb", "_duckdb", "pyarrow")

@@ -160,3 +160,19 @@ def test_a_store_inside_its_input_folder_is_not_read_as_input(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "in" / "store")
     again = ingest([tmp_path / "in"], tmp_path / "in" / "store")
     assert again.objects_seen == 1 and again.by_format == {}
+
+
+def test_a_damaged_data_file_is_exit_2_in_one_line_not_exit_1(tmp_path, store):
+    # Exit 1 is "findings matched --fail-on": a scheduler must not read a damaged file as that.
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    damaged = next(copy.glob("transfers/**/*.parquet"))
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    for args in (("analyze",), ("query", "SELECT count(*) AS n FROM transfers")):
+        refused(run(*args, "--store", str(copy), cwd=tmp_path), "cannot read the data")
+
+
+def test_an_empty_fail_on_is_refused_by_analyze_as_by_run(tmp_path, store):
+    refused(run("analyze", "--store", str(store), "--fail-on", "", cwd=tmp_path), "no kinds given")
