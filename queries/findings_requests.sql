@@ -45,12 +45,17 @@ SELECT
     'unsharded_state' AS kind, 'warning' AS severity, engine_id, rank, request_id,
     any_value(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'rank ' || rank || ' pulled ' || sum(transported_bytes - expected_attention_bytes) || ' bytes of state; its shard is '
+    'rank ' || rank || ' pulled ' || sum(state_moved_bytes) || ' bytes of state; its shard is '
         || sum(expected_state_bytes) || ' bytes' AS message,
-    CAST(json_object('reads', count(*), 'state_bytes_moved', sum(transported_bytes - expected_attention_bytes),
+    CAST(json_object('reads', count(*), 'state_bytes_moved', sum(state_moved_bytes),
         'state_shard_bytes', sum(expected_state_bytes), 'share', any_value(share)) AS VARCHAR) AS evidence
-FROM _excess_reads
-WHERE transported_bytes - expected_attention_bytes >= _t('unsharded_factor') * expected_state_bytes
+FROM (
+    -- the state a read moved: its mamba groups' bytes when the trace breaks the read down
+    -- (extra attention blocks are not state), else all beyond whole attention blocks
+    SELECT *, coalesce(state_transported_bytes, transported_bytes - expected_attention_bytes) AS state_moved_bytes
+    FROM _excess_reads
+)
+WHERE state_moved_bytes >= _t('unsharded_factor') * expected_state_bytes
   AND abs(excess_bytes - padding_gap_bytes) > _t('excess_min_bytes')
   AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) > _t('excess_min_bytes')
   AND abs(excess_bytes - coalesce(staging_bytes, 0)) > _t('excess_min_bytes')

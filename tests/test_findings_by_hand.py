@@ -446,3 +446,29 @@ def test_a_failure_or_expiry_named_twice_is_one_finding_on_the_right_request(tmp
     )  # fmt: skip
     assert found == [("kv_expired", "decode-e1", "x", None), ("kv_expired", "decode-e1", "y", None),
                      ("transfer_failed", "decode-e1", "r-f", 0)]  # fmt: skip
+
+
+def test_unsharded_state_reads_the_state_from_the_groups_when_the_trace_has_them(tmp_path):
+    # r-att: each read carries 5 attention blocks (20,643,840 B) where 2 were needed, and
+    # exactly its state shard (18,866,176 B): extra attention is not state, so no
+    # unsharded_state (before the groups were read, 31,252,480 B counted as "state").
+    # r-all: rank 1's mamba groups moved every rank's shard (4 × 18,866,176): that one is.
+    pair = Pair("att")
+
+    def grouped(rid: str, rank: int, attention: int, state: int) -> dict:
+        groups = [{"group": 0, "kind": "attention", "blocks": attention // 4_128_768, "bytes": attention},
+                  {"group": 1, "kind": "mamba", "blocks": 1, "bytes": state}]  # fmt: skip
+        return pair.read(rid, rank, T0, bytes=attention + state, groups=groups)
+
+    records = [*pair.engines(), pair.request("r-att", T0), pair.request("r-all", T0)]
+    records += [grouped("r-att", k, 20_643_840, 18_866_176) for k in RANKS]
+    records += [grouped("r-all", k, 8_257_536, 4 * 18_866_176 if k == 1 else 18_866_176) for k in RANKS]
+    path = tmp_path / "in" / "decode-att" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    findings = analyze(Store(tmp_path / "s").connect()).findings
+    unsharded = [f for f in findings if f["kind"] == "unsharded_state"]
+    assert [(f["request_id"], f["rank"], f["evidence"]["state_bytes_moved"]) for f in unsharded] == [
+        ("r-all", 1, 75_464_704)
+    ]
