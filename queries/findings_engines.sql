@@ -87,16 +87,43 @@ SELECT e.engine_id,
        coalesce(e.tp_size, m.tp_size) AS tp_size
 FROM e LEFT JOIN engine_models m ON m.engine_id = e.engine_id AND m.error IS NULL;
 
-CREATE OR REPLACE VIEW finding_config_mismatch AS
-WITH pairs AS (
+-- _handshake_mismatches: failed handshakes per logging engine (and the remote it names).
+CREATE OR REPLACE VIEW _handshake_mismatches AS
+SELECT engine_id, remote_engine_id, count(*) AS mismatches
+FROM log_events WHERE kind = 'handshake_mismatch' GROUP BY ALL;
+
+-- _config_pairs: the decode/prefill pairs whose settings are compared. Engines that
+-- exchanged KV or tried to: reads, request records (a failed handshake leaves no read),
+-- failure lines naming both engines; and a handshake mismatch no such pair explains, as a
+-- pair of its own (remote_engine_id null when the line names none), so it is never lost.
+CREATE OR REPLACE VIEW _config_pairs AS
+WITH known AS (
     SELECT DISTINCT engine_id, remote_engine_id FROM transfers
     UNION
+    SELECT DISTINCT engine_id, remote_engine_id FROM requests WHERE remote_engine_id IS NOT NULL
+    UNION
     SELECT DISTINCT engine_id, remote_engine_id FROM log_events
-    WHERE kind = 'handshake_mismatch' AND remote_engine_id IS NOT NULL
-),
-handshakes AS (
-    SELECT engine_id, remote_engine_id, count(*) AS mismatches
-    FROM log_events WHERE kind = 'handshake_mismatch' GROUP BY ALL
+    WHERE kind IN ('transfer_failed', 'handshake_mismatch') AND remote_engine_id IS NOT NULL
+)
+SELECT engine_id, remote_engine_id FROM known
+UNION
+SELECT h.engine_id, h.remote_engine_id FROM _handshake_mismatches h
+WHERE NOT EXISTS (
+    SELECT 1 FROM known k
+    WHERE (k.engine_id = h.engine_id AND (h.remote_engine_id IS NULL OR k.remote_engine_id = h.remote_engine_id))
+       OR (k.remote_engine_id = h.engine_id AND k.engine_id = h.remote_engine_id));
+
+CREATE OR REPLACE VIEW finding_config_mismatch AS
+WITH pairs AS (SELECT * FROM _config_pairs),
+-- a mismatch belongs to a pair when the decode engine logged it (naming that prefill
+-- engine, or none), or the prefill engine logged it naming that decode engine
+paired_handshakes AS (
+    SELECT p.engine_id, p.remote_engine_id, sum(h.mismatches) AS mismatches
+    FROM pairs p JOIN _handshake_mismatches h
+      ON (h.engine_id = p.engine_id AND (h.remote_engine_id IS NULL OR p.remote_engine_id IS NULL
+                                         OR h.remote_engine_id = p.remote_engine_id))
+      OR (h.engine_id = p.remote_engine_id AND h.remote_engine_id = p.engine_id)
+    GROUP BY ALL
 ),
 compared AS (
     SELECT p.engine_id, p.remote_engine_id, d AS dec, r AS pre, coalesce(h.mismatches, 0) AS mismatches,
@@ -120,8 +147,8 @@ compared AS (
     FROM pairs p
     LEFT JOIN _engine_settings d ON d.engine_id = p.engine_id
     LEFT JOIN _engine_settings r ON r.engine_id = p.remote_engine_id
-    LEFT JOIN handshakes h
-      ON h.engine_id = p.engine_id AND coalesce(h.remote_engine_id, p.remote_engine_id) = p.remote_engine_id
+    LEFT JOIN paired_handshakes h
+      ON h.engine_id = p.engine_id AND h.remote_engine_id IS NOT DISTINCT FROM p.remote_engine_id
 )
 SELECT
     'config_mismatch' AS kind, 'error' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank,

@@ -472,3 +472,33 @@ def test_unsharded_state_reads_the_state_from_the_groups_when_the_trace_has_them
     assert [(f["request_id"], f["rank"], f["evidence"]["state_bytes_moved"]) for f in unsharded] == [
         ("r-all", 1, 75_464_704)
     ]
+
+
+def test_a_failed_handshake_is_a_config_mismatch_even_when_no_read_happened(tmp_path):
+    # decode-h1's handshake with prefill-h1 failed on the compatibility hash: no read, only
+    # a failed request record naming the pair, and the traceback (no remote id). decode-h2
+    # logged a mismatch and nothing else names its peer: a finding with the peer unknown.
+    from loggen import vllm_line
+
+    pair = Pair("h1")
+    records = [*pair.engines(), pair.request("r-h", T0, status="failed", **GONE)]
+    path = tmp_path / "in" / "decode-h1" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    traceback = ('Traceback (most recent call last):\n  File "worker.py", line 434, in _nixl_handshake\n'
+                 "RuntimeError: NIXL compatibility hash mismatch. Local: 7a1c0e, Remote: 93bd42")  # fmt: skip
+    for engine in ("decode-h1", "decode-h2"):
+        folder = tmp_path / "in" / engine
+        folder.mkdir(exist_ok=True)
+        (folder / "vllm.log").write_text("\n".join([
+            vllm_line(f"Initializing NIXL worker {engine}", stamp="11-29 07:07:00"),
+            vllm_line(traceback, level="ERROR", stamp="11-29 07:08:21", where="worker.py:434"),
+        ]) + "\n")  # fmt: skip
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2", year=2025)
+    result = analyze(Store(tmp_path / "s").connect())
+    found = sorted(
+        (f["engine_id"], f["remote_engine_id"] or "", f["evidence"]["handshake_mismatches"])
+        for f in result.findings if f["kind"] == "config_mismatch"
+    )  # fmt: skip
+    assert found == [("decode-h1", "prefill-h1", 1), ("decode-h2", "", 1)]
+    assert result.summary["rules"]["config_mismatch"]["inputs"] == 2

@@ -39,7 +39,7 @@ RULE_INPUTS = {
     "kv_expired": "SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM log_events)",
     "recompute_cheaper": "SELECT count(*) FROM handoffs WHERE prefill_s IS NOT NULL",
     "slow_rank": "SELECT count(*) FROM _rank_windows WHERE peer_median_gb_s IS NOT NULL",
-    "config_mismatch": "SELECT count(*) FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers)",
+    "config_mismatch": "SELECT count(*) FROM _config_pairs",
     "native_padding": _NATIVE_INTERVALS,
     "native_unexplained": _NATIVE_INTERVALS,
     "native_counters": "SELECT count(*) FROM intervals",
