@@ -86,14 +86,19 @@ SELECT
     CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
         'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(t.reserved_bytes),
         'host_buffer_engines', coalesce(any_value(t.host_engines), []),
-        'copies_counted_in_transport', coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes), false)) AS VARCHAR)
+        'padding_layers_bytes', sum(t.padding_layers_bytes),
+        -- beyond every page the allocator holds for the request, padding layers' included
+        'copies_counted_in_transport',
+        coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes) + sum(t.padding_layers_bytes), false)) AS VARCHAR)
         AS evidence
 FROM (
     -- the staged reads first, so only they are sized (reserved bytes as transfer_bytes has them)
     SELECT t.*,
            _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
            + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
-               AS reserved_bytes
+               AS reserved_bytes,
+           coalesce(q.padding_layer_state, 0) * q.state_blocks // _share(t.tp_size, t.remote_tp_size)
+               AS padding_layers_bytes
     FROM (
         -- the reads are picked by engine before the pairs are joined: an outer join of
         -- every read with the (usually empty) pairs costs more than the whole rule

@@ -253,14 +253,15 @@ SCENARIOS = {
     "staging_copy": Scenario(
         staging_copy, [("staging_copy", "decode-stage", "r-stage", None, "prefill-stage")], {
         "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 108_494_848,
-        "reserved_bytes": 110_100_480, "host_buffer_engines": ["decode-stage"],
-        "copies_counted_in_transport": False}),
-    # transported 4 × 54,247,424 = 216,989,696 > reserved 110,100,480: the copies are counted.
+        "reserved_bytes": 110_100_480, "padding_layers_bytes": 5_505_024,
+        "host_buffer_engines": ["decode-stage"], "copies_counted_in_transport": False}),
+    # transported 4 × 54,247,424 = 216,989,696 > reserved 110,100,480 + the padding layers'
+    # pages 4 × 1,376,256: the copies are counted.
     "staging_copy/counted": Scenario(
         staging_counted, [("staging_copy", "decode-cnt", "r-cnt", None, "prefill-cnt")], {
         "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 216_989_696,
-        "reserved_bytes": 110_100_480, "host_buffer_engines": ["decode-cnt"],
-        "copies_counted_in_transport": True}),
+        "reserved_bytes": 110_100_480, "padding_layers_bytes": 5_505_024,
+        "host_buffer_engines": ["decode-cnt"], "copies_counted_in_transport": True}),
     "staging_copy/cpu_buffer": Scenario(
         cpu_buffer, [("staging_copy", "decode-host", "r-host", None, "prefill-host")], {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
@@ -502,3 +503,21 @@ def test_a_failed_handshake_is_a_config_mismatch_even_when_no_read_happened(tmp_
     )  # fmt: skip
     assert found == [("decode-h1", "prefill-h1", 1), ("decode-h2", "", 1)]
     assert result.summary["rules"]["config_mismatch"]["inputs"] == 2
+
+
+def test_staged_reads_whose_excess_is_padding_layers_do_not_count_the_copies(tmp_path):
+    # A host-buffer decode engine whose reads also carried the padding layers' pages: 4 ×
+    # 28,901,376 = 115,605,504 transported, above reserved (110,100,480) by exactly those
+    # pages (4 × 1,376,256). That is a padding leak, not the staging copies in NIXL's bytes.
+    pair = Pair("stpad")
+    reads = [pair.read("r-sp", k, T0, bytes=28_901_376, staging_bytes=EXPECTED) for k in RANKS]
+    records = [*pair.engines(decode={"kv_buffer_device": "cpu"}), *reads, pair.request("r-sp", T0)]
+    path = tmp_path / "in" / "decode-stpad" / "trace.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    findings = {f["kind"]: f for f in analyze(Store(tmp_path / "s").connect()).findings}
+    assert sorted(findings) == ["padding_leak", "staging_copy"]
+    how = findings["padding_leak"]["evidence"]["how"]
+    assert how == "state sent as padded pages, padding layers included"
+    assert findings["staging_copy"]["evidence"]["copies_counted_in_transport"] is False
