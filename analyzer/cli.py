@@ -233,10 +233,13 @@ def query_command(
     sql: Annotated[str, typer.Argument(help="DuckDB SQL over the store's views (transfers, requests, ...).")],
     store: StoreOption = None,
     fmt: FormatOption = OutputFormat.table,
+    config: Annotated[str | None, typer.Option(help="hybridtrace.toml with a \\[thresholds] table.")] = None,
 ) -> None:
     """Run ad-hoc SQL against the store's views."""
     import duckdb
 
+    from hybridtrace.analyze.thresholds import install as install_thresholds
+    from hybridtrace.analyze.thresholds import load as load_thresholds
     from hybridtrace.output import render_rows
     from hybridtrace.store import Store, default_store
 
@@ -245,6 +248,8 @@ def query_command(
     if not st.exists():
         raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
     con = st.connect()
+    # the finding views read their thresholds as analyze does (--config, else ./hybridtrace.toml)
+    install_thresholds(con, load_thresholds(config))
     try:
         relation = con.sql(sql)
         if relation is None:

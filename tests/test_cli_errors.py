@@ -176,3 +176,14 @@ def test_a_damaged_data_file_is_exit_2_in_one_line_not_exit_1(tmp_path, store):
 
 def test_an_empty_fail_on_is_refused_by_analyze_as_by_run(tmp_path, store):
     refused(run("analyze", "--store", str(store), "--fail-on", "", cwd=tmp_path), "no kinds given")
+
+
+def test_query_reads_the_thresholds_analyze_reads(tmp_path, store):
+    # the finding views are the same in query as in analyze: ./hybridtrace.toml, or --config
+    sql = "SELECT value FROM _thresholds WHERE name = 'prefill_tokens_per_s'"
+    (tmp_path / "hybridtrace.toml").write_text("[thresholds]\nprefill_tokens_per_s = 10000\n")
+    found = run("query", sql, "--store", str(store), "--format", "json", cwd=tmp_path)
+    assert json.loads(found.stdout) == [{"value": 10000.0}], found.stderr
+    (tmp_path / "other.toml").write_text("[thresholds]\nprefill_tokens_per_s = 5\n")
+    found = run("query", sql, "--store", str(store), "--format=json", "--config=other.toml", cwd=tmp_path)
+    assert json.loads(found.stdout) == [{"value": 5.0}], found.stderr
