@@ -2,7 +2,12 @@
 
 A config applies to the engines whose ``model`` names it (whole name or the part after
 the last ``/``, ignoring case); when the store holds exactly one config, to every
-engine; ``ingest --model`` applies one to every engine explicitly. The result is the
+engine; ``ingest --model`` applies one to every engine explicitly. An engine that no
+ingested config serves, but names a model hybridtrace ships (its Hugging Face id, as a
+trace's ``engine`` record carries it), is sized with that built-in config. The
+engine's settings are its newest record's (an engine id can be reused after a restart
+with other flags); its TP size is the newest trace record's, else the most workers a log
+showed. The result is the
 ``engine_models`` view: B, S, block size and padding per engine and rank, which the
 analyzer measures transfers against.
 """
@@ -17,6 +22,7 @@ import pyarrow as pa
 
 from hybridtrace.errors import HybridtraceError
 from hybridtrace.model import SizingOptions, geometry_from_config, size_model
+from hybridtrace.model.catalog import read_builtin
 from hybridtrace.schema import table_schema
 
 
@@ -26,15 +32,22 @@ def _key(name: str | None) -> str | None:
 
 def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
     schema = table_schema("engine_models")
+    # the newest record's value of a setting (records without a time count as oldest)
+    con.execute(
+        "CREATE OR REPLACE TEMP MACRO _newest(x) AS "
+        "coalesce(arg_max(x, ts) FILTER (WHERE x IS NOT NULL), any_value(x) FILTER (WHERE x IS NOT NULL))"
+    )
     engines = con.sql(
         """
         SELECT engine_id,
-               any_value(model) AS model,
-               max(tp_size) AS tp_size,
-               any_value(kv_cache_dtype) AS kv_cache_dtype,
-               any_value(mamba_cache_dtype) AS mamba_cache_dtype,
-               any_value(mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
-               any_value(mamba_cache_mode) AS mamba_cache_mode,
+               _newest(model) AS model,
+               -- a log shows the workers it saw (a lower bound); a trace record says
+               coalesce(arg_max(tp_size, ts) FILTER (WHERE source_kind = 'trace' AND tp_size IS NOT NULL),
+                        max(tp_size)) AS tp_size,
+               _newest(kv_cache_dtype) AS kv_cache_dtype,
+               _newest(mamba_cache_dtype) AS mamba_cache_dtype,
+               _newest(mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
+               _newest(mamba_cache_mode) AS mamba_cache_mode,
                -- the block an engine reports: a log line, else its attention groups
                coalesce(max(block_tokens), max(list_max([
                    g.block_tokens
@@ -46,7 +59,7 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
     models = con.sql(
         "SELECT model, architecture, config, applies_to FROM models ORDER BY ingested_at"
     ).fetchall()
-    if not engines or not models:
+    if not engines:
         return schema.arrow_schema().empty_table()
     explicit = [m for m in models if m[3] == "*"]
     rows = []
@@ -55,11 +68,14 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
             chosen, how = explicit[-1], "explicit"
         elif len({m[0] for m in models}) == 1:
             chosen, how = models[-1], "only"
-        else:
-            matches = [m for m in models if _key(m[0]) == _key(model)]
-            if not matches:
-                continue
+        elif matches := [m for m in models if _key(m[0]) == _key(model)]:
             chosen, how = matches[-1], "name"
+        elif model and (builtin := read_builtin(model)) is not None:
+            config, entry = builtin
+            architecture = (config.get("architectures") or [None])[0]
+            chosen, how = (entry.hf_id, architecture, json.dumps(config), None), "builtin"
+        else:
+            continue
         row = {"engine_id": engine_id, "model": chosen[0], "architecture": chosen[1], "matched_by": how,
                "tp_size": tp, "logged_block_tokens": logged_block}  # fmt: skip
         if tp is None:

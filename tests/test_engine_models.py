@@ -98,3 +98,28 @@ def test_an_engine_reporting_a_larger_block_is_sized_with_it(tmp_path):
     got = sized(tmp_path, record, "block_tokens, logged_block_tokens, mamba_padded_page_bytes")
     # the Mamba page is padded to the block's attention page: 1344 tokens × 2,048 B per layer
     assert got == [(1344, 1344, 1344 * 2048)]
+
+
+def test_an_engine_naming_a_shipped_model_is_sized_without_a_config(tmp_path):
+    # The trace's engine record names nvidia/NVIDIA-Nemotron-Nano-12B-v2 and no config.json
+    # was ingested: the packaged copy sizes it (the same numbers as the file would give).
+    # An engine naming a model hybridtrace does not ship stays unsized, as before.
+    unknown = engine_record("decode-x", "decode", 2) | {"model": "acme/unknown-model"}
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [engine_record("decode-0", "decode", 2), unknown])
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert models(tmp_path / "s") == [
+        ("decode-0", "nvidia/NVIDIA-Nemotron-Nano-12B-v2", "builtin", 2, 12288, 28 * 2658304, 1312, None)
+    ]
+
+
+def test_the_newest_engine_record_sets_the_engine(tmp_path):
+    # decode-0 restarted under the same id: TP 4 with an fp8 cache, then TP 2 with bf16.
+    old = engine_record("decode-0", "decode", 4, ts=1764400000.0) | {"kv_cache_dtype": "fp8"}
+    new = engine_record("decode-0", "decode", 2, ts=1764403600.0)
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [new, old])
+    nemotron_config(tmp_path / "in")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = Store(tmp_path / "s").connect().sql(
+        "SELECT tp_size, kv_cache_dtype, attention_bytes_per_token FROM engine_models"
+    ).fetchall()
+    assert got == [(2, "bfloat16", 12288)]
