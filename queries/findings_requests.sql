@@ -115,17 +115,25 @@ FROM (
 ) t
 GROUP BY t.engine_id, t.request_id;
 
--- finding_useless_boundary: KV arrived that the decoder could not resume from.
+-- finding_useless_boundary: KV arrived that the decoder could not resume from — attention
+-- beyond the usable boundary, or a recurrent-state snapshot beyond the attention that
+-- arrived (boundary_tokens is a prefix length: the cached tokens count in it).
 CREATE OR REPLACE VIEW finding_useless_boundary AS
 SELECT
     'useless_boundary' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
     remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    (transferred_tokens - reused_tokens) || ' transferred tokens lay beyond the usable boundary'
-        || CASE WHEN recomputed_tokens > 0 THEN ' and were recomputed' ELSE ' and went unused' END AS message,
+    CASE WHEN reused_tokens < transferred_tokens
+         THEN (transferred_tokens - reused_tokens) || ' transferred tokens lay beyond the usable boundary'
+              || CASE WHEN recomputed_tokens > 0 THEN ' and were recomputed' ELSE ' and went unused' END
+         ELSE 'the recurrent state arrived for token ' || boundary_tokens || ' but attention only up to token '
+              || (cached_tokens + transferred_tokens) || ': the decoder could not resume from it' END AS message,
     CAST(json_object('transferred_tokens', transferred_tokens, 'reused_tokens', reused_tokens,
-        'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens) AS VARCHAR) AS evidence
+        'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens,
+        'cached_tokens', cached_tokens) AS VARCHAR) AS evidence
 FROM requests
-WHERE reused_tokens < transferred_tokens;
+WHERE reused_tokens < transferred_tokens
+   -- state without matching attention (only when the record says what the decoder held)
+   OR (boundary_tokens > cached_tokens + transferred_tokens AND coalesce(state_blocks, 1) > 0);
 
 -- finding_descriptor_bound: posting descriptors, not moving bytes, took most of the reads' time.
 CREATE OR REPLACE VIEW finding_descriptor_bound AS

@@ -109,7 +109,7 @@ class Pair:
 
 PAD, SLOTS, STAGE, HOST, BND, CNT = (Pair(t) for t in ("pad", "slots", "stage", "host", "bnd", "cnt"))
 SLOW, DESC, EXP, FAIL = (Pair(t) for t in ("slow", "desc", "exp", "fail"))
-SHARD, CFG, BLK, RECO = (Pair(t) for t in ("shard", "cfg", "blk", "reco"))
+SHARD, CFG, BLK, RECO, STA = (Pair(t) for t in ("shard", "cfg", "blk", "reco", "sta"))
 
 
 def padding_leak(fault: bool) -> list[dict]:
@@ -155,6 +155,16 @@ def useless_boundary(fault: bool) -> list[dict]:
     # the decoder resumed at 672 and prefilled 1001 − 672 = 329 tokens itself.
     tokens = {"reused_tokens": 672, "recomputed_tokens": 329, "boundary_tokens": 672} if fault else {}
     return [*BND.engines(), *BND.handoff("r-bnd", **tokens)]
+
+
+def state_alone(fault: bool) -> list[dict]:
+    # Each rank received the state snapshot for token 1,000 (18,866,176 B) but no attention
+    # block: the state cannot be resumed from, and the decoder prefilled all 1,001 tokens.
+    if not fault:
+        return [*STA.engines(), *STA.handoff("r-sta")]
+    reads = [STA.read("r-sta", k, T0, bytes=18_866_176) for k in RANKS]
+    lost = {"transferred_tokens": 0, "reused_tokens": 0, "recomputed_tokens": 1001}
+    return [*STA.engines(), *reads, STA.request("r-sta", T0, **lost)]
 
 
 def slow_rank(fault: bool) -> list[dict]:
@@ -267,7 +277,12 @@ SCENARIOS = {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
     "useless_boundary": Scenario(
         useless_boundary, [("useless_boundary", "decode-bnd", "r-bnd", None, "prefill-bnd")], {
-        "transferred_tokens": 1000, "reused_tokens": 672, "recomputed_tokens": 329, "boundary_tokens": 672}),
+        "transferred_tokens": 1000, "reused_tokens": 672, "recomputed_tokens": 329, "boundary_tokens": 672,
+        "cached_tokens": 0}),
+    "useless_boundary/state_alone": Scenario(
+        state_alone, [("useless_boundary", "decode-sta", "r-sta", None, "prefill-sta")], {
+        "transferred_tokens": 0, "reused_tokens": 0, "recomputed_tokens": 1001, "boundary_tokens": 1000,
+        "cached_tokens": 0}),
     # 3 reads per rank in the window; critical path: rank 2 was the slowest read of all 3 requests.
     "slow_rank": Scenario(slow_rank, [("slow_rank", "decode-slow", None, 2, None)], {
         "median_gb_s": 1.3561856, "peer_median_gb_s": 5.4247424, "slow_windows": 1, "windows": 1,
