@@ -125,10 +125,15 @@ SELECT
     engine_id, CAST(NULL AS INTEGER) AS rank, CAST(NULL AS VARCHAR) AS request_id,
     CAST(NULL AS VARCHAR) AS remote_engine_id, min(start_ts) AS start_ts, max(end_ts) AS end_ts,
     CASE WHEN sum(padded_reads) > 0
-         THEN sum(padded_reads) || ' of ' || sum(transfers) || ' reads in ' || source_kind
-              || ' intervals sent the recurrent state as padded pages'
+         THEN sum(padded_reads) || ' of ' || sum(transfers) FILTER (WHERE verdict NOT IN ('undecidable', 'unexplained'))
+              || ' reads in ' || source_kind || ' intervals that can be judged sent the recurrent state as padded pages'
               || CASE WHEN bool_or(with_padding_layers) THEN ', padding layers included' ELSE '' END
-         ELSE 'block rounding hides padding in these ' || source_kind
+              || CASE WHEN count(*) FILTER (WHERE verdict = 'undecidable') > 0
+                      THEN ' (' || count(*) FILTER (WHERE verdict = 'undecidable') || ' of ' || count(*)
+                           || ' intervals cannot be judged: block rounding hides padding there)'
+                      ELSE '' END
+         ELSE 'block rounding hides padding in ' || count(*) FILTER (WHERE verdict = 'undecidable') || ' of '
+              || count(*) || ' ' || source_kind
               || ' intervals: this data cannot tell whether the state crossed padded' END AS message,
     CAST(json_object('source', source_kind, 'intervals', count(*),
         'padded', count(*) FILTER (WHERE verdict = 'padded'),
@@ -143,8 +148,11 @@ SELECT
 FROM interval_bytes
 WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
 GROUP BY engine_id, source_kind
+-- Undecidable intervals are said whenever nothing decided the question: no padded read and
+-- no interval shown unpadded (unexplained intervals decide nothing).
 HAVING sum(padded_reads) > 0
-    OR count(*) FILTER (WHERE verdict = 'undecidable') = count(*);
+    OR (count(*) FILTER (WHERE verdict = 'undecidable') > 0
+        AND count(*) FILTER (WHERE verdict = 'unpadded') = 0);
 
 -- finding_native_unexplained: intervals whose bytes no reading of the engine's byte model
 -- explains (neither whole blocks plus unpadded state, nor plus padded state, nor a mix).

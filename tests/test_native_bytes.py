@@ -51,6 +51,19 @@ def test_undecidable_when_the_padding_is_a_whole_number_of_blocks(tmp_path):
     assert found and all(
         k == "padding_undecidable" and s == "info" and "cannot tell" in m for k, s, m in found
     )
+    # One log interval no reading explains (0.7 MiB more per read) decides nothing: the
+    # others still cannot be judged, and both findings say so.
+    con.execute("CREATE OR REPLACE TABLE _iv AS SELECT * FROM intervals")
+    con.execute(
+        "UPDATE _iv SET avg_mib_per_transfer = avg_mib_per_transfer + 0.7 "
+        "WHERE (source_id, line_number) = (SELECT (source_id, line_number) FROM _iv "
+        "WHERE source_kind = 'log' ORDER BY transfers DESC LIMIT 1)"
+    )
+    con.execute("CREATE OR REPLACE VIEW intervals AS SELECT * FROM _iv")
+    verdicts = dict(con.sql("SELECT verdict, count(*) FROM interval_bytes GROUP BY ALL").fetchall())
+    assert verdicts["unexplained"] == 1 and verdicts["undecidable"] > 1
+    kinds = analyze(con).summary["findings_by_kind"]
+    assert kinds["padding_undecidable"] == len(found) and kinds["native_unexplained"] == 1
 
 
 def test_partly_padded_intervals_count_the_padded_reads(tmp_path):
