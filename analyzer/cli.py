@@ -473,18 +473,21 @@ def explain_command(
     request = result["request"]
     token_fields = ("prompt_tokens", "cached_tokens", "missing_tokens", "transferred_tokens", "reused_tokens",
                     "recomputed_tokens", "boundary_tokens", "state_blocks")  # fmt: skip
-    pairs = [
-        (
-            "request",
-            f"{request.get('request_id')} on {request.get('engine_id')} "
-            f"(prefill {request.get('remote_engine_id')}: {request.get('remote_request_id')})",
-        ),
-        ("status", str(request.get("status"))),
-        (
-            "tokens",
-            ", ".join(f"{k.replace('_tokens', '')} {request[k]}" for k in token_fields if k in request),
-        ),
-    ]
+    if request.get("engine_id") is not None:
+        pairs = [
+            (
+                "request",
+                f"{request.get('request_id')} on {request.get('engine_id')} (prefill "
+                f"{request.get('remote_engine_id') or '?'}: {request.get('remote_request_id') or '?'})",
+            ),
+            ("status", str(request.get("status"))),
+            (
+                "tokens",
+                ", ".join(f"{k.replace('_tokens', '')} {request[k]}" for k in token_fields if k in request),
+            ),
+        ]
+    else:  # only log lines name it: say so rather than print empty fields
+        pairs = [("request", f"{request.get('request_id')} (no request record: only the log lines below)")]
     if result["critical_path_s"] is not None:
         prefill = request.get("prefill_s")
         vs = f" (prefill here: {format_duration(prefill)})" if prefill is not None else ""
@@ -516,7 +519,7 @@ def explain_command(
             }
             for name in ("attention", "state")
         ]
-        typer.echo("\nBytes by cache type (all reads)\n\n" + to_table(rows))
+        typer.echo("\nBytes by cache type (successful reads)\n\n" + to_table(rows))
     if result["log_events"]:
         typer.echo("\nLog lines\n\n" + to_table(
             [{k: e[k] for k in ("engine_id", "level", "kind", "message")} for e in result["log_events"]]

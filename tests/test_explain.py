@@ -70,3 +70,29 @@ def test_an_id_two_engines_used_needs_the_engine_and_failed_reads_move_nothing(t
     assert one["bytes_by_cache_type"]["expected_attention"] > 0
     with pytest.raises(UsageError, match="no request 'cmpl-0-0' on decode-9"):
         explain(con, "cmpl-0-0", engine_id="decode-9")
+
+
+def test_a_request_known_only_from_a_failure_line_is_found_by_either_id(tmp_path):
+    # Logs only: the decode engine's failure line names the request on both sides.
+    from loggen import vllm_line
+
+    from hybridtrace.cli import app
+
+    context = {"failure_type": "transfer_failed", "request_id": "cmpl-d-1", "engine_id": "decode-0",
+               "remote_engine_id": "prefill-0", "remote_request_id": "cmpl-p-1"}  # fmt: skip
+    folder = tmp_path / "in" / "decode-0"
+    folder.mkdir(parents=True)
+    (folder / "vllm.log").write_text("\n".join([
+        vllm_line("Initializing NIXL worker decode-0", stamp="11-29 07:07:00"),
+        vllm_line(f"NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {context!r}",
+                  level="ERROR", stamp="11-29 07:08:21", where="worker.py:505"),
+    ]) + "\n")  # fmt: skip
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025)
+    con = Store(tmp_path / "s").connect()
+    for rid in ("cmpl-d-1", "cmpl-p-1"):
+        assert [e["kind"] for e in explain(con, rid)["log_events"]] == ["transfer_failed"]
+    from typer.testing import CliRunner
+
+    shown = CliRunner().invoke(app, ["explain", "cmpl-p-1", "--store", str(tmp_path / "s")])
+    assert shown.exit_code == 0, shown.output
+    assert "no request record" in shown.output and "None" not in shown.output

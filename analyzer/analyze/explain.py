@@ -78,7 +78,13 @@ def explain(
         params,
     )
     if not requests and not reads:
-        events = _rows(con, "SELECT count(*) AS n FROM log_events WHERE request_id = ?", [request_id])
+        # a failure line names both sides' ids: the prefill-side id finds it too
+        events = _rows(
+            con,
+            "SELECT count(*) AS n FROM log_events WHERE request_id = ? "
+            "OR json_extract_string(details, '$.remote_request_id') = ?",
+            [request_id, request_id],
+        )
         if not events[0]["n"]:
             where = f" on {engine_id}" if engine_id else ""
             raise UsageError(
@@ -107,8 +113,9 @@ def explain(
     events = _rows(
         con,
         "SELECT ts, engine_id, process, level, kind, message FROM log_events "
-        "WHERE request_id IN (?, ?) ORDER BY ts",
-        [decode_id, remote_id or decode_id],
+        "WHERE request_id IN (?, ?) OR json_extract_string(details, '$.remote_request_id') IN (?, ?) "
+        "ORDER BY ts",
+        [decode_id, remote_id or decode_id, request_id, remote_id or request_id],
     )
     findings = []
     scoped = "request_id = ? AND (CAST(? AS VARCHAR) IS NULL OR engine_id = ?)"
