@@ -13,8 +13,11 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 import polars as pl
 
@@ -24,6 +27,25 @@ from hybridtrace.simulate.workload import blocks, global_findings, prepare
 from hybridtrace.simulate.writers import BundleWriter
 
 _COMPACT = {"separators": (",", ":"), "sort_keys": True}
+_T = TypeVar("_T")
+_END = object()
+
+
+def _ahead(items: Iterator[_T]) -> Iterator[_T]:
+    """``items``, the next one made on a background thread while the caller works on this one.
+
+    Making a block and writing the one before are mostly polars and the kernel, both of
+    which release the GIL: overlapped, they keep both cores busy. Blocks are still made one
+    after another, in order, so the bundle's bytes do not change.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-generate") as pool:
+        pending = pool.submit(next, items, _END)
+        while True:
+            item = pending.result()
+            if item is _END:
+                return
+            pending = pool.submit(next, items, _END)
+            yield item  # type: ignore[misc]
 
 
 def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000) -> dict:
@@ -59,7 +81,7 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
                 )
             )
             previous = None
-            for block in blocks(plan, block_size):
+            for block in _ahead(blocks(plan, block_size)):
                 if previous is not None:
                     # Reads start after their request arrives: nothing before this block's
                     # first arrival can change any more.
