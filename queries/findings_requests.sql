@@ -22,7 +22,7 @@ WITH leaks AS (
 )
 SELECT
     'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
-    any_value(remote_engine_id) AS remote_engine_id,
+    min(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'recurrent ' || CASE WHEN bool_or(how LIKE '%padding layers%') THEN 'state and padding layers'
                          ELSE 'state' END
@@ -43,7 +43,7 @@ GROUP BY engine_id, request_id;
 CREATE OR REPLACE VIEW finding_unsharded_state AS
 SELECT
     'unsharded_state' AS kind, 'warning' AS severity, engine_id, rank, request_id,
-    any_value(remote_engine_id) AS remote_engine_id,
+    min(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'rank ' || rank || ' pulled ' || sum(state_moved_bytes) || ' bytes of state; its shard is '
         || sum(expected_state_bytes) || ' bytes' AS message,
@@ -76,7 +76,7 @@ GROUP BY ALL;
 CREATE OR REPLACE VIEW finding_staging_copy AS
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
-    any_value(t.remote_engine_id) AS remote_engine_id,
+    min(t.remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     CASE WHEN sum(t.staging_bytes) > 0
          THEN sum(t.staging_bytes) || ' bytes staged through host memory beside the network read'
@@ -184,7 +184,7 @@ GROUP BY engine_id, rank, request_id, remote_engine_id;
 CREATE OR REPLACE VIEW finding_kv_expired AS
 SELECT
     'kv_expired' AS kind, 'error' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
-    any_value(remote_engine_id) AS remote_engine_id,
+    min(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'KV blocks expired on the prefill engine before the decoder read them' AS message,
     CAST(json_object('sources', list(DISTINCT source ORDER BY source)) AS VARCHAR) AS evidence

@@ -16,7 +16,7 @@ HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOU
 -- needed), shared by handoffs, slow_rank and descriptor_bound.
 --
 -- Columns:
---   engine_id, request_id, remote_engine_id     the request (any prefill engine it read from)
+--   engine_id, request_id, remote_engine_id     the request (the first by name of the prefill engines it read from)
 --   reads, ranks                                all reads, distinct decode ranks
 --   critical_path_s, slowest_rank, critical_bytes   the slowest successful read
 --   aggregate_bytes                             bytes of all successful reads
@@ -24,7 +24,7 @@ HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOU
 --   post_s, xfer_s                              their count, bytes, descriptors and times
 CREATE OR REPLACE VIEW _request_reads AS
 SELECT engine_id, request_id,
-       any_value(remote_engine_id) AS remote_engine_id,
+       min(remote_engine_id) AS remote_engine_id,
        count(*) AS reads, _rank_count(rank) AS ranks,
        max(xfer_s) FILTER (WHERE status = 'ok') AS critical_path_s,
        arg_max(rank, xfer_s) FILTER (WHERE status = 'ok') AS slowest_rank,

@@ -61,6 +61,7 @@ _INPUT_TABLES = (
 # and the few reads with excess bytes). The report, which reads them more often, adds them.
 ANALYSIS_VIEWS = (
     "_accounting_totals", "_excess_reads", "_request_reads", "handoffs", "intervals", "interval_bytes",
+    "_rank_windows",
 )  # fmt: skip
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 
