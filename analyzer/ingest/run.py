@@ -715,10 +715,10 @@ class _ObjectReader:
             hashed = hashed.append_column("source_id", pa.array([sid] * hashed.num_rows, pa.string()))
             self._add(row, "log_events", _with_day(hashed, "ts"))
         if result.intervals:
-            rows = vllm_log.intervals_with_starts(self.log_ctx, result.intervals)
-            table = _rows_table(
-                [{**r, "engine_id": engine_id, "source_kind": "log", "source_id": sid} for r in rows]
-            )
+            table = _rows_table(vllm_log.intervals_with_starts(self.log_ctx, result.intervals))
+            n = table.num_rows
+            for name, value in (("engine_id", engine_id), ("source_kind", "log"), ("source_id", sid)):
+                table = table.append_column(name, pa.array([value] * n, pa.string()))
             self._add(row, "intervals", _with_day(table, "end_ts"))
         facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
         if facts:
@@ -833,6 +833,8 @@ def _folder_engine_id(obj: ObjectRef) -> str:
 
 def _rows_table(rows: list[dict]) -> pa.Table:
     """Rows as a table with every key any row has (``from_pylist`` takes the first row's)."""
+    if rows and all(row.keys() == rows[0].keys() for row in rows):
+        return pa.Table.from_pylist(rows)  # the usual case, without a copy of every row
     keys = dict.fromkeys(key for row in rows for key in row)
     return pa.Table.from_pylist([{key: row.get(key) for key in keys} for row in rows])
 
