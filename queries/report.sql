@@ -63,52 +63,59 @@ FROM (
 WHERE bytes IS NOT NULL AND bytes <> 0;
 
 -- report_reads: up to 4,000 successful reads, picked by hash, for the payload and
--- descriptor scatter plots.
+-- descriptor scatter plots. Every read has its timing and descriptors; the byte counts
+-- are null where no byte model sizes the engine (the payload plot then has no points).
 --
 -- Columns:
 --   engine_id, request_id, rank           the read
---   transferred_tokens, state_blocks      T and J of its request
+--   transferred_tokens, state_blocks      T and J of its request (null without a sized model)
 --   transported_bytes, expected_bytes     what NIXL reported, what a correct connector moves
 --   excess_bytes                          transported − expected
 --   descriptors, post_ms, xfer_ms         descriptor count, post and transfer time in ms
 --   post_share                            post_s / xfer_s
 CREATE OR REPLACE VIEW report_reads AS
-SELECT b.engine_id, b.request_id, b.rank, b.transferred_tokens, b.state_blocks,
-       b.transported_bytes, b.expected_bytes, b.excess_bytes,
+SELECT t.engine_id, t.request_id, t.rank, b.transferred_tokens, b.state_blocks,
+       t.transported_bytes, b.expected_bytes, b.excess_bytes,
        t.descriptors, t.post_s * 1e3 AS post_ms, t.xfer_s * 1e3 AS xfer_ms,
        t.post_s / nullif(t.xfer_s, 0) AS post_share
-FROM transfer_bytes b
-JOIN transfers t USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
-WHERE b.status = 'ok'
-ORDER BY hash(b.engine_id, b.request_id, b.rank, b.remote_rank), b.request_id
-LIMIT 4000;
+FROM (
+    SELECT * FROM transfers WHERE status = 'ok'
+    ORDER BY hash(engine_id, request_id, rank, remote_rank), request_id
+    LIMIT 4000
+) t
+LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
+ORDER BY hash(t.engine_id, t.request_id, t.rank, t.remote_rank), t.request_id;
 
 -- report_model_lines: the byte model's payload of one read against tokens, per decode
 -- engine: logical B·T + S (one snapshot) and expected (whole blocks), at 64 points from
 -- 0 to the largest T the store holds, and the crossover S/B where state and attention
--- bytes are equal.
+-- bytes are equal. A read carries 1/share of its decode rank's bytes (share: the reads a
+-- decode rank makes per request, more than one when the prefill engine has more ranks),
+-- so the lines are drawn per read, at the engine's most common share.
 --
 -- Columns:
 --   engine_id            decode engine
 --   tokens               T
---   logical_bytes        B·T + S
---   expected_bytes       ceil(T / block)·block·B + S
+--   logical_bytes        (B·T + S) / share
+--   expected_bytes       (ceil(T / block)·block·B + S) / share
 --   crossover_tokens     S / B (null for a model without attention)
+--   share                reads per decode rank and request the lines are drawn for
 CREATE OR REPLACE VIEW report_model_lines AS
 WITH span AS (
-    SELECT engine_id, max(transferred_tokens) AS max_tokens
+    SELECT engine_id, max(transferred_tokens) AS max_tokens, mode(share) AS share
     FROM transfer_bytes GROUP BY engine_id
 )
 SELECT m.engine_id, g.step * s.max_tokens // 64 AS tokens,
-       m.attention_bytes_per_token * (g.step * s.max_tokens // 64) + m.state_bytes AS logical_bytes,
+       (m.attention_bytes_per_token * (g.step * s.max_tokens // 64) + m.state_bytes) // s.share AS logical_bytes,
        CASE WHEN m.block_tokens IS NULL THEN m.state_bytes
             ELSE ((g.step * s.max_tokens // 64) + m.block_tokens - 1) // m.block_tokens * m.block_tokens
-                 * m.attention_bytes_per_token + m.state_bytes END AS expected_bytes,
-       m.state_bytes / nullif(m.attention_bytes_per_token, 0) AS crossover_tokens
+                 * m.attention_bytes_per_token + m.state_bytes END // s.share AS expected_bytes,
+       m.state_bytes / nullif(m.attention_bytes_per_token, 0) AS crossover_tokens,
+       s.share
 FROM engine_models m
 JOIN span s USING (engine_id)
 CROSS JOIN (SELECT unnest(range(0, 65)) AS step) g
-WHERE m.error IS NULL;
+WHERE m.error IS NULL AND s.share >= 1;
 
 -- report_ranks: completion time and effective bandwidth of every decode rank.
 --
@@ -197,14 +204,21 @@ WITH e AS (
     SELECT engine_id,
            arg_max(role, ts) FILTER (WHERE role IS NOT NULL) AS role,
            arg_max(model, ts) FILTER (WHERE model IS NOT NULL) AS model,
-           max(tp_size) AS tp_size,  -- a log shows the workers it saw: a lower bound
+           -- a trace record says; a log shows the workers it saw, a lower bound
+           coalesce(arg_max(tp_size, ts) FILTER (WHERE source_kind = 'trace' AND tp_size IS NOT NULL),
+                    max(tp_size)) AS tp_size,
            arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
-           arg_max(block_tokens, ts) FILTER (WHERE block_tokens IS NOT NULL) AS block_tokens,
+           coalesce(arg_max(block_tokens, ts) FILTER (WHERE block_tokens IS NOT NULL), max(list_max([
+               g.block_tokens FOR g IN json_transform(groups, '[{"kind": "VARCHAR", "block_tokens": "BIGINT"}]')
+               IF g.kind <> 'mamba']))) AS block_tokens,
            arg_max(mamba_padding_pct, ts) FILTER (WHERE mamba_padding_pct IS NOT NULL) AS padding_pct,
-           bool_or(use_host_buffer OR kv_buffer_device = 'cpu') AS host_staging,
+           -- a record that says nothing either way leaves it unknown, not "no"
+           CASE WHEN bool_or(coalesce(use_host_buffer, false) OR kv_buffer_device = 'cpu') THEN true
+                WHEN bool_or(use_host_buffer IS NOT NULL OR kv_buffer_device IS NOT NULL) THEN false
+           END AS host_staging,
            arg_max(vllm_version, ts) FILTER (WHERE vllm_version IS NOT NULL) AS vllm_version
     FROM engines
     GROUP BY engine_id

@@ -105,7 +105,11 @@ def test_charts_sample_so_the_page_stays_small(tmp_path):
     assert data.counts["findings"] > 500 and len(data.findings) == 500
     path, _ = write_report(tmp_path / "s", tmp_path / "r.html")
     assert path.stat().st_size < 4_000_000
-    assert "The first 500 of" in path.read_text()
+    text = path.read_text()
+    assert "500 of" in text and "with every kind that was found" in text
+    # the 500 are not the most frequent kinds alone: every kind found has its part
+    found = {k for k, n in data.analysis.summary["findings_by_kind"].items() if n}
+    assert {f["kind"] for f in data.findings} == found
 
 
 def test_cli_report_and_markdown(demo_store, tmp_path):
@@ -122,3 +126,33 @@ def test_cli_report_and_markdown(demo_store, tmp_path):
     bad = subprocess.run([*command, "report", "--store", str(tmp_path / "nowhere")],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "no store here" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_model_lines_are_per_read_when_a_rank_reads_several_prefill_ranks(tmp_path):
+    # Prefill TP 4 into decode TP 2: each decode rank makes two reads per request, each
+    # with half its bytes; the byte model's lines are drawn for one read.
+    simulate(SimOptions(seed=8, requests=300, prefill_tp=(4,), decode_tp=(2,)), tmp_path / "b")
+    ingest([tmp_path / "b"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    top = con.sql(
+        "SELECT l.share, l.expected_bytes, b.expected_bytes FROM report_model_lines l "
+        "JOIN (SELECT engine_id, max(transferred_tokens) AS t FROM transfer_bytes GROUP BY ALL) m "
+        "ON m.engine_id = l.engine_id AND l.tokens = m.t "
+        "JOIN transfer_bytes b ON b.engine_id = l.engine_id AND b.transferred_tokens = m.t"
+    ).fetchall()
+    assert top and all(share == 2 and line == read for share, line, read in top)
+
+
+def test_descriptors_are_drawn_for_reads_no_byte_model_sizes(tmp_path):
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    unknown = {"model": "acme/unknown-hybrid"}
+    records = [engine_record("decode-0", "decode", 2) | unknown]
+    records.append(engine_record("prefill-0", "prefill", 2) | unknown)
+    write_jsonl(tmp_path / "in" / "decode-0" / "trace.jsonl", records + transfer_records(20, tp=2))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    assert len(data.reads) == 40 and all(r["expected_bytes"] is None for r in data.reads)
+    html = render_html(data)
+    assert 'id="chart-descriptors"' in html and 'id="chart-payload"' not in html
+    assert "no engine that made the reads could be sized" in html

@@ -96,9 +96,10 @@ def bytes_by_cache(data: ReportData) -> Chart | None:
 
 def payload_vs_tokens(data: ReportData) -> Chart | None:
     ds = _Datasets()
-    if not data.reads:
+    sized = [r for r in data.reads if r["expected_bytes"] is not None]  # the byte model sized them
+    if not sized:
         return None
-    reads = [{**r, "over expected": "yes" if (r["excess_bytes"] or 0) > 0 else "no"} for r in data.reads]
+    reads = [{**r, "over expected": "yes" if (r["excess_bytes"] or 0) > 0 else "no"} for r in sized]
     lines = []
     for row in data.model_lines:
         lines.append({"engine_id": row["engine_id"], "tokens": row["tokens"], "bytes": row["logical_bytes"],
@@ -184,8 +185,10 @@ def ranks(data: ReportData) -> Chart | None:
     return Chart(
         "ranks",
         "Per-rank bandwidth and completion time",
-        f"{len(values)} decode ranks over {sum(r['reads'] for r in data.ranks):,} successful reads; "
-        f"{slow} flagged slow (red).",
+        f"{len(values)} decode rank{'s' if len(values) != 1 else ''} over "
+        f"{sum(r['reads'] for r in data.ranks):,} successful reads; {slow} flagged slow (red). Bandwidth "
+        "here is all of a rank's bytes over all its transfer time, so a few long reads pull it down; "
+        "slow_rank compares medians per time window against the rank's peers, so its figures differ.",
         ds.spec(chart),
     )
 

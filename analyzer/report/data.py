@@ -8,6 +8,7 @@ says how many rows it drew from, so a sampled chart never passes for the whole s
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -87,7 +88,7 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
             ranks=rows(con, "SELECT * FROM report_ranks"),
             recompute=rows(con, "SELECT * FROM report_recompute ORDER BY engine_id, bucket_order"),
             intervals=rows(con, "SELECT * FROM report_intervals"),
-            findings=analysis.rows(FINDINGS_SHOWN),
+            findings=shown_findings(analysis, FINDINGS_SHOWN),
             counts={
                 "requests_accounted": _scalar(
                     con, "SELECT count(DISTINCT (engine_id, request_id)) FROM transfer_bytes "
@@ -103,8 +104,52 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
             },
         )
     for finding in data.findings:
-        finding["evidence_text"] = ", ".join(f"{k} {v}" for k, v in finding["evidence"].items())
+        evidence = finding["evidence"].items()
+        finding["evidence_text"] = ", ".join(f"{k} {_evidence_value(v)}" for k, v in evidence)
     return data
+
+
+def _evidence_value(value: object) -> str:
+    """One evidence value as a person reads it: JSON for lists, a dash for nothing."""
+    if value is None:
+        return "–"
+    if isinstance(value, (list, dict, bool)):
+        return json.dumps(value)
+    return str(value)
+
+
+def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
+    """At most ``limit`` findings, most severe first, with every kind found among them.
+
+    The first ``limit`` rows alone would hold only the most frequent kinds of the highest
+    severities; each kind gets an equal part instead (a kind with fewer findings leaves its
+    part to the others), and the rows keep the analysis' order.
+    """
+    table = analysis.table
+    if table.num_rows <= limit:
+        return analysis.rows()
+    kinds = table["kind"].to_pylist()
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    quota = dict.fromkeys(counts, 0)
+    left = limit
+    while left > 0:
+        open_kinds = [k for k in counts if quota[k] < counts[k]]
+        share = max(1, left // len(open_kinds))
+        for kind in open_kinds:
+            take = min(share, counts[kind] - quota[kind], left)
+            quota[kind] += take
+            left -= take
+            if not left:
+                break
+    taken = dict.fromkeys(counts, 0)
+    keep = []
+    for index, kind in enumerate(kinds):
+        if taken[kind] < quota[kind]:
+            taken[kind] += 1
+            keep.append(index)
+    return Analysis(table.take(keep), analysis.inputs).rows()
 
 
 def kinds_in_order(by_kind: dict[str, int]) -> list[str]:
