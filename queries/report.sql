@@ -189,7 +189,8 @@ GROUP BY i.engine_id, i.source_kind,
               ELSE floor((i.end_ts - s.t0) / ((s.t1 - s.t0) / 400.0 + 1e-9)) END
 ORDER BY 1, 2, 3;
 
--- report_engines: each engine's configuration as its records and byte model say.
+-- report_engines: each engine's configuration as its records and byte model say; an engine
+-- only its reads or metrics name has a row too, with what is known.
 --
 -- Columns:
 --   engine_id, role, model, tp_size           who it is
@@ -222,8 +223,16 @@ WITH e AS (
            arg_max(vllm_version, ts) FILTER (WHERE vllm_version IS NOT NULL) AS vllm_version
     FROM engines
     GROUP BY engine_id
+),
+-- every engine the store names, though only its reads or metrics know it
+ids AS (
+    SELECT engine_id FROM e
+    UNION SELECT engine_id FROM engine_models
+    UNION SELECT DISTINCT engine_id FROM intervals WHERE engine_id IS NOT NULL
+    UNION SELECT DISTINCT engine_id FROM transfers
+    UNION SELECT DISTINCT remote_engine_id FROM transfers WHERE remote_engine_id IS NOT NULL
 )
-SELECT coalesce(e.engine_id, m.engine_id) AS engine_id, e.role, coalesce(m.model, e.model) AS model,
+SELECT ids.engine_id, e.role, coalesce(m.model, e.model) AS model,
        coalesce(e.tp_size, m.tp_size) AS tp_size,
        coalesce(e.kv_cache_dtype, m.kv_cache_dtype) AS kv_cache_dtype,
        coalesce(e.ssm_dtype, m.mamba_ssm_cache_dtype) AS mamba_ssm_cache_dtype,
@@ -231,6 +240,7 @@ SELECT coalesce(e.engine_id, m.engine_id) AS engine_id, e.role, coalesce(m.model
        coalesce(e.block_tokens, m.block_tokens) AS block_tokens,
        coalesce(e.padding_pct, m.mamba_padding_pct) AS mamba_padding_pct,
        e.host_staging, e.vllm_version
-FROM e
-FULL JOIN engine_models m USING (engine_id)
+FROM ids
+LEFT JOIN e USING (engine_id)
+LEFT JOIN engine_models m USING (engine_id)
 ORDER BY e.role NULLS LAST, 1;

@@ -291,6 +291,15 @@ def intervals(data: ReportData) -> Chart | None:
 
 
 BUILDERS = (bytes_by_cache, payload_vs_tokens, ranks, descriptors, recompute, intervals)
+# what the page calls each chart, for the line that names those with nothing to draw
+TITLES = {
+    "bytes_by_cache": "Bytes by cache type per request",
+    "payload_vs_tokens": "Payload against tokens",
+    "ranks": "Per-rank bandwidth and completion time",
+    "descriptors": "Descriptor count against post time",
+    "recompute": "Transfer against recompute",
+    "intervals": "Native metrics over time",
+}
 
 
 def build_charts(data: ReportData) -> tuple[list[Chart], list[str]]:
@@ -299,7 +308,7 @@ def build_charts(data: ReportData) -> tuple[list[Chart], list[str]]:
     for builder in BUILDERS:
         chart = builder(data)
         if chart is None:
-            empty.append(builder.__name__.replace("_", " "))
+            empty.append(TITLES.get(builder.__name__, builder.__name__.replace("_", " ")))
         else:
             charts.append(chart)
     return charts, empty
