@@ -35,6 +35,8 @@ _HEADER = (
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"\[?(?P<file>[^\s:\]]+):(?P<lineno>\d+)\] ?(?P<msg>.*)$"
 )
+# The header up to its message, which is the rest of the line.
+_HEADER_FIELDS = _HEADER[: _HEADER.index(r"\] ?(?P<msg>")] + r"\] ?"
 # The header without captures: much cheaper to test on every line.
 _HEADER_TEST = (
     r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
@@ -178,14 +180,24 @@ def _events_frame(
     """
     line = pl.col("raw").str.strip_suffix("\r") if tty else pl.col("raw")
     text = line
-    if frame.select(text.str.contains("\x1b", literal=True).any()).item():
+    coloured, with_cr = frame.select(
+        text.str.contains("\x1b", literal=True).any().alias("coloured"),
+        pl.col("raw").str.contains("\r", literal=True).any().alias("with_cr"),
+    ).row(0)
+    if coloured:
         text = text.str.replace_all(_ANSI, "")
-    frame = frame.with_columns(
-        text.str.strip_suffix("\r").alias("text"), line.str.ends_with("\r").alias("cr")
+    if with_cr:
+        frame = frame.with_columns(
+            text.str.strip_suffix("\r").alias("text"), line.str.ends_with("\r").alias("cr")
+        )
+    else:  # no carriage return anywhere: the text is the line as read, not a copy of it
+        frame = frame.with_columns(text.alias("text"), pl.lit(False).alias("cr"))
+    # The worker names of the process prefixes (within a line's first 96 characters, after
+    # any collector stamp): a few distinct prefixes, parsed once each.
+    prefixes = (
+        frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.slice(0, 96).unique()
     )
-    ranks = frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.extract(
-        r"\(\w*_TP(\d+) pid=\d+\)"
-    )
+    ranks = prefixes.str.extract(r"\(\w*_TP(\d+) pid=\d+\)")
     top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
     frame = frame.with_columns(has_header.alias("has_header"))
@@ -210,8 +222,12 @@ def _events_frame(
     )
     keep = pl.when(pl.col("starts")).then(first_interesting).forward_fill().fill_null(False)
     frame = frame.filter(keep)
+    # The header's fields, then the message as what is left once the header is cut off: a
+    # capturing match that has to run to the end of every long line costs three times more.
+    header_text = pl.when(pl.col("has_header")).then(pl.col("text"))
     frame = frame.with_columns(
-        pl.when(pl.col("has_header")).then(pl.col("text")).str.extract_groups(_HEADER).alias("h")
+        header_text.str.extract_groups(_HEADER_FIELDS).alias("h"),
+        header_text.str.replace(_HEADER_FIELDS, "").alias("msg"),
     ).unnest("h")
     part = pl.coalesce(pl.when(pl.col("level").is_not_null()).then(pl.col("msg")), pl.col("bare"))
     events = (
