@@ -55,7 +55,8 @@ def report(tmp_path_factory) -> Path:
     inject = parse_inject(
         "slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02,descriptor_bound=0.05"
     )
-    simulate(SimOptions(seed=7, duration_s=60, inject=inject), root / "bundle")
+    # two decode engines, so the per-engine panels (faceted charts) are drawn too
+    simulate(SimOptions(seed=7, duration_s=60, decode_engines=2, inject=inject), root / "bundle")
     ingest([root / "bundle"], root / "store")
     path, _ = write_report(root / "store", root / "report.html")
     return path

@@ -248,6 +248,8 @@ def recompute(data: ReportData) -> Chart | None:
         )
         .properties(width=WIDTH, height=260)
     )  # fmt: skip
+    if len({r["engine_id"] for r in values}) > 1:  # one panel per decode engine, not lines on lines
+        chart = chart.properties(height=200).facet(row=alt.Row("engine_id:N", title="decode engine"))
     sources = sorted({r["prefill_source"] for r in values if r["prefill_source"]})
     return Chart(
         "recompute",
@@ -267,25 +269,29 @@ def intervals(data: ReportData) -> Chart | None:
     base = alt.Chart(ds(values)).encode(
         x=alt.X("time:T", title=None), color=alt.Color("series:N", title="engine (source)")
     )
+    fields = (
+        ("throughput_mib_s", "MiB/s"),
+        ("mib_per_transfer", "MiB per transfer"),
+        ("failed_transfers", "failed"),
+        ("expired_requests", "expired"),
+    )
     panels = [
         base.mark_line(point=True).encode(y=alt.Y(field, type="quantitative", title=title),
                                           tooltip=["series:N", "time:T", f"{field}:Q"])
         .properties(width=WIDTH, height=110)
-        for field, title in (
-            ("throughput_mib_s", "MiB/s"),
-            ("mib_per_transfer", "MiB per transfer"),
-            ("failed_transfers", "failed"),
-            ("expired_requests", "expired"),
-        )
+        for field, title in fields
         if any(r[field] is not None for r in values)
     ]  # fmt: skip
     if not panels:
         return None
+    missing = [title for field, title in fields if all(r[field] is None for r in values)]
+    left_out = f" Not drawn, as no interval reports them: {', '.join(missing)}." if missing else ""
     return Chart(
         "intervals",
         "Native metrics over time",
         f"{data.counts['intervals']:,} intervals from `KV Transfer metrics` lines and Prometheus scrapes, "
-        f"in {len(values):,} points (merged into time bins when there are more than 400 per series).",
+        f"in {len(values):,} points (merged into time bins when there are more than 400 per series)."
+        f"{left_out}",
         ds.spec(alt.vconcat(*panels).resolve_scale(color="shared")),
     )
 
