@@ -24,8 +24,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
@@ -33,6 +33,9 @@ import pyarrow.parquet as pq
 
 from hybridtrace.buckets import Bucket, bucket, is_bucket, redact
 from hybridtrace.errors import UsageError
+
+if TYPE_CHECKING:
+    import duckdb
 
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
 

@@ -23,15 +23,18 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.errors import StoreDamagedError, UsageError
 from hybridtrace.schema import SCHEMA_VERSION, TABLES, TableSchema, table_schema
 from hybridtrace.storage import BucketRoot, LeaseHeld, LocalRoot, root_of
+
+if TYPE_CHECKING:
+    import duckdb
 
 DEFAULT_STORE = "hybridtrace-data"
 # Compaction: batches of at most COMPACT_SMALL_BYTES are merged once there are
@@ -309,6 +312,8 @@ class Store:
 
     def connect(self, *, with_queries: bool = True) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with one view per table (committed data only)."""
+        import duckdb  # here: ingest reads the store without DuckDB when nothing changed
+
         self.check_version()
         con = duckdb.connect(":memory:")
         batches = self.committed_batches()
@@ -360,6 +365,8 @@ class Store:
                 where = f" WHERE {ranged} BETWEEN {low!r} AND {high!r}"
                 if pc.any(pc.is_null(data[ranged])).as_py():
                     where += f" OR {ranged} IS NULL"
+        import duckdb
+
         con = duckdb.connect(":memory:")
         try:
             source = self.files.scan(con, table, files, schema.arrow_schema())

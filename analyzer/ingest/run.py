@@ -26,20 +26,24 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import duckdb
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact
 from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
-from hybridtrace.ingest import prometheus, vllm_log
-from hybridtrace.ingest.detect import detect_format
-from hybridtrace.ingest.trace import fast_parse, parse_trace
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
 from hybridtrace.store import Store, concat, dedupe, new_batch_id
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from hybridtrace.ingest import vllm_log
+
+# DuckDB, polars and the parsers are imported when an object is first parsed: a re-run
+# over unchanged input opens nothing, and should not pay for loading them either.
 
 HEAD_BYTES = 64 * 1024
 FINGERPRINT_BYTES = 4096
@@ -349,7 +353,7 @@ class _Ingest:
     def __init__(self, store: Store, options: IngestOptions) -> None:
         self.store = store
         self.options = options
-        self.con = duckdb.connect(":memory:")
+        self._con: duckdb.DuckDBPyConnection | None = None
         self.batch = _Batch()
         self.summary = IngestSummary()
         self.previous = _previous_reads(store)
@@ -359,6 +363,15 @@ class _Ingest:
         self.progress = _Progress(False, 0)
         self.done_bytes = 0  # bytes of objects walked so far, for the progress bar
         self.pending: Future | None = None
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The run's DuckDB connection, opened when a parser first needs it."""
+        if self._con is None:
+            import duckdb
+
+            self._con = duckdb.connect(":memory:")
+        return self._con
 
     def maybe_commit(self, force: bool = False) -> None:
         if self.batch.sources and (
@@ -583,6 +596,8 @@ class _ObjectReader:
         for lines, consumed, tail in _line_chunks(handle):
             final = not lines and not consumed
             if self.fmt is None:
+                from hybridtrace.ingest.detect import detect_format
+
                 head = lines.block[:HEAD_BYTES] if lines else tail[:HEAD_BYTES]
                 self.fmt = detect_format(head, self.obj.name) if head.strip() else "empty"
                 row["format"] = self.fmt
@@ -653,6 +668,8 @@ class _ObjectReader:
     def _parse(self, row: dict, lines: _Lines, first_line: int, final: bool) -> tuple[int, int]:
         """Parse ``lines``; returns (bytes, lines) held back for the next chunk."""
         if self.fmt == "connector_trace":
+            from hybridtrace.ingest.trace import fast_parse, parse_trace
+
             if lines:
                 tables = fast_parse(lines.block, first_line, len(lines), row["source_id"])
                 if tables is None:  # some line is not clean: the careful path says which
@@ -670,6 +687,8 @@ class _ObjectReader:
         return 0, 0
 
     def _prometheus(self, row: dict, lines: _Lines, first_line: int) -> None:
+        from hybridtrace.ingest import prometheus
+
         texts, bad = _decode_lines(lines, first_line)
         samples, rejects = prometheus.parse_snapshot(texts, first_line, self.obj.name, self.mtime)
         self._reject(row, bad + rejects)
@@ -679,6 +698,8 @@ class _ObjectReader:
             self._add(row, "prom_samples", _with_day(table, "ts"))
 
     def _parse_log(self, row: dict, lines: _Lines, first_line: int, final: bool) -> tuple[int, int]:
+        from hybridtrace.ingest import vllm_log
+
         if self.log_ctx is None:
             self.log_ctx = vllm_log.LogContext(
                 uri=self.uri,
@@ -702,6 +723,8 @@ class _ObjectReader:
         return sum(len(t.encode()) + 1 for _, t in carried), len(carried)
 
     def _log_rows(self, row: dict, result: vllm_log.LogResult, engine_id: str) -> None:
+        from hybridtrace.ingest import vllm_log
+
         sid = row["source_id"]
         events = _event_table(result)
         if events is not None:
@@ -772,25 +795,31 @@ def _is_json(data: bytes) -> bool:
     return True
 
 
-_EVENT_COLUMNS = {
-    "ts": pl.Float64,
-    "process": pl.String,
-    "rank": pl.Int32,
-    "level": pl.String,
-    "line_number": pl.Int64,
-    "kind": pl.String,
-    "message": pl.String,
-    "stamp": pl.String,
-    "request_id": pl.String,
-    "remote_engine_id": pl.String,
-    "details": pl.String,
-}
+def _event_columns() -> dict:
+    import polars as pl
+
+    return {
+        "ts": pl.Float64,
+        "process": pl.String,
+        "rank": pl.Int32,
+        "level": pl.String,
+        "line_number": pl.Int64,
+        "kind": pl.String,
+        "message": pl.String,
+        "stamp": pl.String,
+        "request_id": pl.String,
+        "remote_engine_id": pl.String,
+        "details": pl.String,
+    }
 
 
 def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
-    frames = [f.select(list(_EVENT_COLUMNS)).cast(_EVENT_COLUMNS) for f in result.event_frames]
+    import polars as pl
+
+    columns = _event_columns()
+    frames = [f.select(list(columns)).cast(columns) for f in result.event_frames]
     if result.events:
-        frames.append(pl.DataFrame(result.events, schema=_EVENT_COLUMNS))
+        frames.append(pl.DataFrame(result.events, schema=columns))
     if not frames:
         return None
     return pl.concat(frames).to_arrow()
@@ -798,6 +827,8 @@ def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
 
 def _decode_series(lines: _Lines, first_line: int) -> tuple[pl.Series, list[dict]]:
     """Lines as a polars Series, split without a Python list when the block is valid UTF-8."""
+    import polars as pl
+
     if not lines:
         return pl.Series("raw", [], dtype=pl.String), []
     block = lines.block
@@ -822,6 +853,8 @@ def _decode_series(lines: _Lines, first_line: int) -> tuple[pl.Series, list[dict
 
 def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]]:
     """Text of each line; undecodable lines become rejects and empty text (numbering kept)."""
+    from hybridtrace.ingest.vllm_log import RAW_LIMIT
+
     if not lines:
         return [], []
     try:
@@ -834,7 +867,7 @@ def _decode_lines(lines: _Lines, first_line: int) -> tuple[list[str], list[dict]
             except UnicodeDecodeError:
                 texts.append("")
                 bad.append({"line_number": first_line + i, "reason": "invalid UTF-8",
-                            "raw": raw[:vllm_log.RAW_LIMIT].decode("utf-8", "backslashreplace")})  # fmt: skip
+                            "raw": raw[:RAW_LIMIT].decode("utf-8", "backslashreplace")})  # fmt: skip
         return texts, bad
 
 
