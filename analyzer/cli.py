@@ -353,7 +353,17 @@ def _analysis_table(result: Analysis, limit: int) -> str:
     for name in summary["no_inputs"]:
         pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
     if summary["rules_without_inputs"]:
-        pairs.append(("rules with no input", ", ".join(summary["rules_without_inputs"])))
+        # a kind can still be found by another rule (the native-metrics ones): say which
+        found_by: dict[str, list[str]] = {}
+        for rule, counts in summary["rules"].items():
+            if counts["findings"]:
+                for kind in counts.get("kinds", ()):
+                    found_by.setdefault(kind, []).append(rule)
+        named = []
+        for rule in summary["rules_without_inputs"]:
+            others = [r for r in found_by.get(rule, []) if r != rule]
+            named.append(f"{rule} (its kind found by {', '.join(others)})" if others else rule)
+        pairs.append(("rules with no input", ", ".join(named)))
     rows = [
         {"severity": f["severity"], "kind": f["kind"], "engine": f["engine_id"], "rank": f["rank"],
          "request": f["request_id"] or f["remote_engine_id"], "message": f["message"]}

@@ -187,3 +187,20 @@ def test_query_reads_the_thresholds_analyze_reads(tmp_path, store):
     (tmp_path / "other.toml").write_text("[thresholds]\nprefill_tokens_per_s = 5\n")
     found = run("query", sql, "--store", str(store), "--format=json", "--config=other.toml", cwd=tmp_path)
     assert json.loads(found.stdout) == [{"value": 5.0}], found.stderr
+
+
+def test_a_rule_without_input_says_when_its_kind_was_found_from_native_metrics(tmp_path):
+    # Prometheus only: the counters saw failures no trace or log names. The trace rule for
+    # transfer_failed had no input, yet its kind was found: the summary says by which rule.
+    from promgen import scrape
+
+    folder = tmp_path / "in" / "decode-0"
+    folder.mkdir(parents=True)
+    (folder / "metrics-1.prom").write_text(scrape([], failed=0, timestamp_ms=1_764_400_000_000))
+    (folder / "metrics-2.prom").write_text(scrape([], failed=2, timestamp_ms=1_764_400_600_000))
+    ingest([tmp_path / "in"], tmp_path / "s")
+    shown = run("analyze", "--store", str(tmp_path / "s"), cwd=tmp_path)
+    assert "transfer_failed (its kind found by native_counters)" in shown.stdout, shown.stdout
+    as_json = run("analyze", "--store", str(tmp_path / "s"), "--format=json", cwd=tmp_path)
+    summary = json.loads(as_json.stdout)
+    assert summary["summary"]["rules"]["native_counters"]["kinds"] == ["transfer_failed", "kv_expired"]

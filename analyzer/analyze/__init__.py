@@ -44,6 +44,14 @@ RULE_INPUTS = {
     "native_unexplained": _NATIVE_INTERVALS,
     "native_counters": "SELECT count(*) FROM intervals",
 }
+# The kinds each rule can raise: a rule is named for its kind, except the native-metrics
+# rules, which judge engines and intervals and raise the kinds the trace rules raise per
+# request (so a kind can be found while the rule named for it had no input).
+RULE_KINDS = {
+    "native_padding": ("padding_leak", "padding_undecidable"),
+    "native_unexplained": ("native_unexplained",),
+    "native_counters": ("transfer_failed", "kv_expired"),
+}
 _INPUT_TABLES = (
     "transfers",
     "requests",
@@ -164,7 +172,11 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         table = table.read_all()
     con.execute("DROP TABLE _findings")
     rules = {
-        rule: {"inputs": scalar(sql), "findings": per_view[f"finding_{rule}"]}
+        rule: {
+            "inputs": scalar(sql),
+            "findings": per_view[f"finding_{rule}"],
+            "kinds": list(RULE_KINDS.get(rule, (rule,))),
+        }
         for rule, sql in RULE_INPUTS.items()
     }
     logical, expected, reserved, transported, sized = con.sql(
