@@ -233,3 +233,35 @@ def test_a_cut_gzip_keeps_the_lines_before_the_cut(tmp_path):
     assert 0 < summary.rows.get("transfers", 0) < 600
     status = Store(tmp_path / "s").connect().sql("SELECT status FROM sources").fetchall()
     assert status == [("error",)]
+
+
+def test_a_half_written_line_in_a_quiet_file_is_never_two_lines(tmp_path, monkeypatch):
+    # A writer stopped mid-line long enough for the file to look finished, then went on.
+    # Log: the part read counts as the line, the rest is passed over, and the lines after
+    # keep their numbers. Trace: a cut record is not taken at all; it is read once whole.
+    import hybridtrace.ingest.run as run
+
+    monkeypatch.setattr(run, "QUIET_SECONDS", 0.0)
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    warn = [vllm_line(f"warning {i}", level="WARNING") for i in range(4)]
+    cut = len(warn[1]) - 3  # mid-message: the line is a warning already
+    log.write_text(warn[0] + "\n" + warn[1][:cut])
+    trace = tmp_path / "in" / "b" / "trace.jsonl"
+    trace.parent.mkdir(parents=True)
+    records = [json.dumps(r) for r in transfer_records(2)]  # 6 lines: 4 transfers, 2 requests
+    trace.write_text("\n".join(records[:2]) + "\n" + records[2][:25])
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(warn[1][cut:] + "\n" + warn[2] + "\n" + warn[3] + "\n")
+    with open(trace, "a") as handle:
+        handle.write(records[2][25:] + "\n" + "\n".join(records[3:]) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    lines = con.sql("SELECT line_number, message FROM log_events ORDER BY line_number").fetchall()
+    assert [n for n, _ in lines] == [1, 2, 3, 4]
+    assert [m for _, m in lines][2:] == ["warning 2", "warning 3"]
+    assert con.sql("SELECT count(*) FROM rejects").fetchall()[0][0] == 0
+    numbers = sorted(r[0] for r in con.sql("SELECT line_number FROM transfers UNION ALL "
+                                            "SELECT line_number FROM requests").fetchall())  # fmt: skip
+    assert numbers == [1, 2, 3, 4, 5, 6]

@@ -156,13 +156,23 @@ def _fingerprint(head: bytes) -> str:
     return hashlib.sha256(head[:FINGERPRINT_BYTES]).hexdigest()[:32]
 
 
-def _finishes_counted_line(handle: BinaryIO, offset: int) -> bool:
-    """True when the last read took an unterminated line and the byte at ``offset`` ends it."""
+def _after_counted_line(handle: BinaryIO, offset: int) -> int:
+    """Where the next unread line starts: ``offset``, unless the last read took a last line
+    that had no newline yet (the file had gone quiet). Whatever was written after it, up
+    to its newline, is the rest of that line, which is counted already: it is passed over,
+    so no fragment is read as a line of its own and the numbering stays right."""
     if offset < 1:
-        return False
+        return offset
     handle.seek(offset - 1)
-    before, at = handle.read(1), handle.read(1)
-    return before != b"\n" and at == b"\n"
+    if handle.read(1) == b"\n":
+        return offset
+    position = offset
+    while block := handle.read(1 << 16):
+        cut = block.find(b"\n")
+        if cut >= 0:
+            return position + cut + 1
+        position += len(block)
+    return position  # still no newline: all that was added continues the line
 
 
 def _source_id(uri: str, size: int, mtime: float, start: int) -> str:
@@ -495,8 +505,8 @@ class _Ingest:
                 start, first_line = last["end_offset"], last["end_line"] + 1
                 fmt, engine_id = last["format"], last["engine_id"]
         try:
-            if start and not compressed and _finishes_counted_line(raw, start):
-                start += 1  # the newline that ended the last line read (it had none then)
+            if start and not compressed:
+                start = _after_counted_line(raw, start)
             handle = _from(raw, start, compressed)
         except (OSError, EOFError, zlib.error) as exc:
             raw.close()
@@ -603,9 +613,13 @@ class _ObjectReader:
                 row["format"] = self.fmt
                 self.job.summary.by_format[self.fmt] = self.job.summary.by_format.get(self.fmt, 0) + 1
             if final:
-                complete = (
-                    quiet or self.fmt == "model_config" or (self.fmt == "connector_trace" and _is_json(tail))
-                )
+                # A trace record is whole when it parses, whatever the file's age: a cut
+                # record waits for its end rather than becoming a reject and a fragment.
+                whole = self.compressed or self.obj.local is None
+                if self.fmt == "connector_trace":
+                    complete = whole or _is_json(tail)
+                else:
+                    complete = quiet or self.fmt == "model_config"
                 if tail.strip() and complete:
                     lines, consumed = _Lines(tail, 1), len(tail)
                 elif not tail.strip():
