@@ -204,3 +204,17 @@ def test_a_rule_without_input_says_when_its_kind_was_found_from_native_metrics(t
     as_json = run("analyze", "--store", str(tmp_path / "s"), "--format=json", cwd=tmp_path)
     summary = json.loads(as_json.stdout)
     assert summary["summary"]["rules"]["native_counters"]["kinds"] == ["transfer_failed", "kv_expired"]
+
+
+def test_one_missing_input_of_several_is_an_error_row_and_the_rest_is_read(tmp_path):
+    write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
+    missing = tmp_path / "not-mounted-yet"
+    result = run("ingest", str(tmp_path / "in"), str(missing), "--store", str(tmp_path / "s"), cwd=tmp_path)
+    refused(result, "not-mounted-yet: no such file or folder")
+    counts = run("query", "SELECT (SELECT count(*) FROM transfers) AS t, "
+                 "(SELECT count(*) FROM sources WHERE status = 'error') AS e", "--store", str(tmp_path / "s"),
+                 "--format=json", cwd=tmp_path)  # fmt: skip
+    assert json.loads(counts.stdout) == [{"t": 4, "e": 1}]
+    # one input named, and missing: nothing to do but say so
+    alone = run("ingest", str(missing), "--store", str(tmp_path / "s2"), cwd=tmp_path)
+    refused(alone, "no such file or folder")

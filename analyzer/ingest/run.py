@@ -104,8 +104,19 @@ class IngestSummary:
 def _listing(paths: Iterable[str | Path]) -> tuple[list[str], list[ObjectRef]]:
     """The prefixes the inputs cover and every object under them (listing only, no reads)."""
     prefixes, objects, seen = [], [], set()
+    paths = list(paths)
     for raw in paths:
-        prefix, found = list_objects(raw)
+        try:
+            prefix, found = list_objects(raw)
+        except UsageError:
+            if len(paths) == 1:
+                raise  # the one input named is not there: say so, and read nothing
+            # One input of several is missing (a folder not mounted yet): an error row for
+            # it, and the others are read. It covers no prefix, so nothing read from it
+            # before is taken for gone.
+            where = str(Path(str(raw)).resolve())
+            objects.append(ObjectRef(where, 0, 0.0, local=Path(str(raw)), error="no such file or folder"))
+            continue
         prefixes.append(prefix)
         for obj in found:
             if obj.uri not in seen:
