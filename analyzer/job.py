@@ -106,8 +106,8 @@ def load_job(path: str | Path) -> JobConfig:
     # absent: no alert; present, it must name kinds (an empty list would silence the alert)
     kinds = parse_kinds(listed, f"{path}: [alert] fail_on") if "fail_on" in alert else set()
     year = inputs.get("year")
-    if year is not None and (isinstance(year, bool) or not isinstance(year, int)):
-        raise UsageError(f"{path}: [inputs] year must be a whole number, not {year!r}")
+    if year is not None and (isinstance(year, bool) or not isinstance(year, int) or not 1970 <= year <= 9999):
+        raise UsageError(f"{path}: [inputs] year must be a whole number from 1970 to 9999, not {year!r}")
 
     def number(section: dict, key: str, default: float) -> float:
         value = section.get(key, default)
@@ -122,6 +122,11 @@ def load_job(path: str | Path) -> JobConfig:
                        ("model", inputs.get("model")), ("tz", inputs.get("tz"))):  # fmt: skip
         if value is not None and not isinstance(value, str):
             raise UsageError(f"{path}: {key} must be a string, not {value!r}")
+    if "thresholds" in raw:
+        # checked now, not after the ingest has written the store and the report is due
+        from hybridtrace.analyze.thresholds import load as load_thresholds
+
+        load_thresholds(path)
     return JobConfig(
         paths=list(paths),
         store=store["path"],

@@ -114,3 +114,13 @@ def test_bad_job_files_and_nothing_to_analyze(tmp_path):
                          "[alert]\nstrict = true\n")  # fmt: skip
     code, summary, _ = _run(job)
     assert code == 2 and summary["status"] == "nothing to analyze"
+
+
+def test_a_job_file_is_checked_whole_before_anything_is_written(tmp_path):
+    # a year out of range, or a misspelt threshold, is refused before the store exists
+    base = f"[inputs]\npaths = ['{tmp_path}']\n[store]\npath = '{tmp_path / 's'}'\n"
+    with pytest.raises(Exception, match="year must be a whole number from 1970 to 9999"):
+        load_job(_job(tmp_path, base.replace("[store]", "year = 0\n[store]")))
+    with pytest.raises(Exception, match="unknown threshold 'slow_rank_ration'"):
+        load_job(_job(tmp_path, base + "[thresholds]\nslow_rank_ration = 0.5\n"))
+    assert not (tmp_path / "s").exists()
