@@ -175,13 +175,10 @@ def list_local(path: Path) -> Iterator[ObjectRef]:
                                     error=f"cannot list: {exc.strerror or exc}"))  # fmt: skip
 
     if path.is_dir():
-        found = (
-            Path(folder) / name
-            for folder, _, names in os.walk(path, onerror=failed, followlinks=True)
-            for name in names
-            if _visible(name)
-        )
-        files = [f for f in found if f.is_file()]
+        files = []
+        for folder, folders, names in os.walk(path, onerror=failed, followlinks=True):
+            folders[:] = [f for f in folders if _visible(f)]  # a hidden folder is not walked
+            files += [f for f in (Path(folder) / name for name in names if _visible(name)) if f.is_file()]
     elif path.is_file():
         files = [path]
     else:
@@ -223,8 +220,11 @@ def list_bucket(location: Bucket) -> list[ObjectRef]:
         if missing:
             raise UsageError(f"{location.scheme}://{name}: no such bucket")
     out = []
+    base = location.path.rstrip("/")
     for item in infos:
-        if item.type != pafs.FileType.File or not _visible(item.path):
+        # hidden as on a disk: the object's name, or a "folder" of its key below the prefix
+        below = item.path[len(base) :].lstrip("/") if item.path.startswith(base) else item.path
+        if item.type != pafs.FileType.File or not all(_visible(part) for part in below.split("/")):
             continue
         mtime = item.mtime.timestamp() if item.mtime is not None else 0.0
         uri = location.uri_of(item.path)

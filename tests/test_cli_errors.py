@@ -218,3 +218,11 @@ def test_one_missing_input_of_several_is_an_error_row_and_the_rest_is_read(tmp_p
     # one input named, and missing: nothing to do but say so
     alone = run("ingest", str(missing), "--store", str(tmp_path / "s2"), cwd=tmp_path)
     refused(alone, "no such file or folder")
+
+
+def test_a_hidden_folder_is_not_walked(tmp_path):
+    write_trace(tmp_path / "in" / "decode-0" / "trace.jsonl", requests=2)
+    write_trace(tmp_path / "in" / ".old" / "trace.jsonl", requests=5)  # e.g. a store or a backup
+    (tmp_path / "in" / ".old" / "junk.bin").write_bytes(b"\x00\x01")
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.objects_seen == 1 and summary.rows["transfers"] == 4
