@@ -265,3 +265,21 @@ def test_a_half_written_line_in_a_quiet_file_is_never_two_lines(tmp_path, monkey
     numbers = sorted(r[0] for r in con.sql("SELECT line_number FROM transfers UNION ALL "
                                             "SELECT line_number FROM requests").fetchall())  # fmt: skip
     assert numbers == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_tty_log_read_on_where_it_stopped_keeps_its_shape(tmp_path):
+    # Every line of a log written through a TTY ends with a carriage return, and a line
+    # that continues into the next ends with two. A later read of one appended line decides
+    # the shape from the file's head, as the first read did: its message has no stray CR.
+    def tty(text: str) -> str:
+        return text.replace("\n", "\r\n") + "\r\n"
+
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(tty("\n".join(vllm_line(f"line {i}") for i in range(3))), newline="")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a", newline="") as handle:
+        handle.write(vllm_line("part one", level="WARNING") + "\r\r\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    rows = Store(tmp_path / "s").connect().sql("SELECT line_number, message FROM log_events").fetchall()
+    assert rows == [(4, "part one")]

@@ -734,6 +734,10 @@ class _ObjectReader:
                 engine_id=self.engine_id,
                 fallback_engine_id=_folder_engine_id(self.obj),
             )
+            if first_line > 1 and self.obj.local is not None:
+                # a read resumed mid-file decides the TTY shape as the first read did, from
+                # the file's head, not from the few lines appended since
+                self.log_ctx.tty = _tty_shape(self.obj.local)
         series, bad = _decode_series(lines, first_line)
         if bad:
             self._reject(row, bad)
@@ -848,6 +852,20 @@ def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
     if not frames:
         return None
     return pl.concat(frames).to_arrow()
+
+
+def _tty_shape(path: Path) -> bool | None:
+    """Whether the log's lines all end with a carriage return (written through a TTY), from
+    its first lines; None when there are too few to say."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except OSError:
+        return None
+    lines = [line for line in head.split(b"\n")[:-1] if line]
+    if len(lines) < 2:
+        return None
+    return all(line.endswith(b"\r") for line in lines)
 
 
 def _decode_series(lines: _Lines, first_line: int) -> tuple[pl.Series, list[dict]]:
