@@ -283,3 +283,21 @@ def test_a_tty_log_read_on_where_it_stopped_keeps_its_shape(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s")
     rows = Store(tmp_path / "s").connect().sql("SELECT line_number, message FROM log_events").fetchall()
     assert rows == [(4, "part one")]
+
+
+def test_a_log_read_on_after_new_year_counts_the_year_on(tmp_path):
+    # --year names the year of the log's first lines. A later read of the lines appended
+    # since goes on from the year the earlier read had reached, so 01-01 after 12-31 is the
+    # next year whether it is read in one go or in two.
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(vllm_line("old year", level="WARNING", stamp="12-31 23:59:00") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025)
+    with open(log, "a") as handle:
+        handle.write(vllm_line("new year", level="WARNING", stamp="01-01 00:01:00") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025)
+    rows = Store(tmp_path / "s").connect().sql(
+        "SELECT message, strftime(to_timestamp(ts) AT TIME ZONE 'UTC', '%Y-%m-%d') AS day "
+        "FROM log_events ORDER BY ts"
+    ).fetchall()
+    assert rows == [("old year", "2025-12-31"), ("new year", "2026-01-01")]

@@ -499,7 +499,7 @@ class _Ingest:
             return
         compressed = head[:2] == b"\x1f\x8b"
         fingerprint = _fingerprint(head[:size])
-        start, first_line, fmt, engine_id = 0, 1, None, None
+        start, first_line, fmt, engine_id, resume_ts = 0, 1, None, None, None
         # A read that found nothing it knows (a launcher banner before the first vLLM line)
         # is not resumed: the whole object is looked at again.
         # A scrape or a config is one whole: when it changes it is read again from the start.
@@ -514,7 +514,7 @@ class _Ingest:
             )
             if (same_object and last["status"] == "partial") or grown:
                 start, first_line = last["end_offset"], last["end_line"] + 1
-                fmt, engine_id = last["format"], last["engine_id"]
+                fmt, engine_id, resume_ts = last["format"], last["engine_id"], last.get("end_ts")
         try:
             if start and not compressed:
                 start = _after_counted_line(raw, start)
@@ -527,6 +527,7 @@ class _Ingest:
             self.error(self.batch.sources[-1], f"cannot read: {redact(str(exc))}")
             return
         reader = _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
+        reader.resume_ts = resume_ts
         try:
             with handle:
                 summary.objects_read += 1
@@ -575,6 +576,7 @@ class _Ingest:
             "end_offset": start,
             "end_line": first_line - 1,
             "lines": 0,
+            "end_ts": None,
             "rows": "{}",
             "rejects": 0,
             "duplicates": 0,
@@ -598,6 +600,7 @@ class _ObjectReader:
         self.fmt = fmt
         self.engine_id = engine_id
         self.row: dict | None = None  # the manifest row of the slice being read
+        self.resume_ts: float | None = None  # a resumed log's latest stamp so far
         self.log_ctx: vllm_log.LogContext | None = None
 
     def fail(self) -> dict:
@@ -675,6 +678,8 @@ class _ObjectReader:
     def _close_row(self, row: dict) -> None:
         if "counts" not in row:
             return  # closed already
+        if self.log_ctx is not None:
+            row["end_ts"] = self.log_ctx.latest_ts if self.log_ctx.latest_ts is not None else self.resume_ts
         row["rows"] = json.dumps(row.pop("counts"))
         row.pop("start_line", None)
         row["batch_id"] = self.job.batch.id
@@ -738,6 +743,7 @@ class _ObjectReader:
                 # a read resumed mid-file decides the TTY shape as the first read did, from
                 # the file's head, not from the few lines appended since
                 self.log_ctx.tty = _tty_shape(self.obj.local)
+            self.log_ctx.resume_ts = self.resume_ts
         series, bad = _decode_series(lines, first_line)
         if bad:
             self._reject(row, bad)

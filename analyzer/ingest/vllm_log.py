@@ -148,6 +148,10 @@ class LogContext:
     last_month: int | None = None
     year_offset: int = 0
     base_year: int | None = None
+    # a read resumed where an earlier one stopped: the latest stamp it had read (epoch s),
+    # which gives the year and month to go on from instead of --year or the file's time
+    resume_ts: float | None = None
+    latest_ts: float | None = None  # the latest stamp read so far, for the next resume
     max_tp_rank: int | None = None
     logged_tp: int | None = None  # the TP size a transfer-plan line states
     # per process, the engine index of its last `Engine NNN:` line (-1: aggregated stats)
@@ -262,7 +266,10 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         )
     months = events["md"].str.slice(0, 2).cast(pl.Int64)
     if ctx.base_year is None:
-        if ctx.year is not None:
+        if ctx.resume_ts is not None:
+            resumed = datetime.fromtimestamp(ctx.resume_ts, ZoneInfo(ctx.tz))
+            ctx.base_year, ctx.last_month = resumed.year, resumed.month
+        elif ctx.year is not None:
             ctx.base_year = ctx.year
         else:
             first = events.row(0, named=True)
@@ -303,6 +310,9 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         (pl.coalesce(wrapped, stamped).dt.epoch("us") / 1e6).alias("ts"),
         pl.coalesce(pl.col("wrap"), pl.format("{} {}", pl.col("md"), pl.col("hms"))).alias("stamp"),
     )
+    latest = out["ts"].max()
+    if latest is not None and (ctx.latest_ts is None or latest > ctx.latest_ts):
+        ctx.latest_ts = float(latest)  # type: ignore[arg-type]
     return out
 
 
