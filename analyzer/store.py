@@ -334,6 +334,7 @@ class Store:
                 con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
         _check_files_kept(con, self, without_files)
         _one_record_per_request(con)
+        _engines_named_later(con)
         from hybridtrace.attach import engine_models
 
         con.register("_engine_models_table", engine_models(con))
@@ -402,7 +403,12 @@ def _select_list(schema: TableSchema, root: LocalRoot, files: list[str]) -> str:
 
 # Views that hold every record as read, under another name: the table's own name is a
 # view that keeps one record per entity (see _one_record_per_request).
-_RAW_VIEWS = {"requests": "request_records"}
+_RAW_VIEWS = {
+    "requests": "request_records",
+    "engines": "_engines_as_read",
+    "log_events": "_log_events_as_read",
+    "_intervals_log": "_intervals_log_as_read",
+}
 
 
 def _raw_view(view: str) -> str:
@@ -428,6 +434,47 @@ def _check_files_kept(con: duckdb.DuckDBPyConnection, store: Store, tables: list
             f"{store}: the manifest lists {what}, but no file of {tables_left} is left; the store was"
             " changed by hand. Ingest again into a new store"
         )
+
+
+def _engines_named_later(con: duckdb.DuckDBPyConnection) -> None:
+    """``engines``, ``log_events`` and the log intervals, under the engine a later read named.
+
+    A log read before its `Initializing NIXL worker` line files what it found under its
+    folder's name; once a read of the same instance folder finds the engine's id (and
+    finds only one), those rows are that engine's too, not a second engine's. Checking
+    first keeps the common case a plain view.
+    """
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE _engine_renames AS
+        WITH reads AS (
+            SELECT source_id, engine_id,
+                   regexp_extract(uri, '^(.*)/[^/]+$', 1) AS instance,
+                   regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS folder
+            FROM sources
+            WHERE format = 'vllm_log' AND engine_id IS NOT NULL
+        ),
+        named AS (
+            SELECT instance, any_value(engine_id) AS engine_id FROM reads
+            WHERE engine_id <> folder
+            GROUP BY instance HAVING count(DISTINCT engine_id) = 1
+        )
+        SELECT r.source_id, r.engine_id AS fallback, n.engine_id
+        FROM reads r JOIN named n USING (instance)
+        WHERE r.engine_id = r.folder
+        """
+    )
+    renamed = con.sql("SELECT count(*) FROM _engine_renames").fetchall()[0][0]
+    for view in ("engines", "log_events", "_intervals_log"):
+        stored = _raw_view(view)
+        if renamed:
+            con.execute(
+                f"CREATE VIEW {view} AS SELECT t.* REPLACE (coalesce(n.engine_id, t.engine_id) AS engine_id) "
+                f"FROM {stored} t LEFT JOIN _engine_renames n "
+                "ON n.source_id = t.source_id AND n.fallback = t.engine_id"
+            )
+        else:
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM {stored}")
 
 
 def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:

@@ -301,3 +301,26 @@ def test_a_log_read_on_after_new_year_counts_the_year_on(tmp_path):
         "FROM log_events ORDER BY ts"
     ).fetchall()
     assert rows == [("old year", "2025-12-31"), ("new year", "2026-01-01")]
+
+
+def test_a_log_read_before_its_engine_id_is_that_engines_once_known(tmp_path):
+    # The first read of a fresh server's log sees its allocator lines and a warning, but not
+    # yet `Initializing NIXL worker`: it files them under the folder's name. A later read
+    # learns the id. Every row is then decode-0's, as one read of the whole log gives.
+    log = tmp_path / "in" / "host-a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        vllm_line("Setting attention block size to 1312 tokens to ensure that attention page size is "
+                  ">= mamba page size.", process="APIServer pid=1") + "\n"
+        + vllm_line("early warning", level="WARNING") + "\n"
+    )  # fmt: skip
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(vllm_line("Initializing NIXL worker decode-0") + "\n")
+        handle.write(vllm_line("later warning", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    ingest([tmp_path / "in"], tmp_path / "fresh")
+    query = "SELECT DISTINCT engine_id FROM (SELECT engine_id FROM engines UNION ALL " \
+        "SELECT engine_id FROM log_events)"
+    assert Store(tmp_path / "s").connect().sql(query).fetchall() == [("decode-0",)]
+    assert Store(tmp_path / "fresh").connect().sql(query).fetchall() == [("decode-0",)]
