@@ -342,3 +342,20 @@ def test_lines_split_the_same_on_every_path(block):
     texts, bad_too = _decode_lines(_Lines(block), 1)
     assert series.to_list() == texts and bad == bad_too
     assert len(texts) == block.count(b"\n") + 1
+
+
+def test_the_hour_repeated_when_clocks_go_back_is_read_twice(tmp_path):
+    # New York, 2025-11-02: 01:00–01:59 happens twice. A metrics line every 20 minutes
+    # from 00:50 to 02:10 local time is 7 intervals, none of them the same instant.
+    stamps = ["00:50", "01:10", "01:30", "01:50", "01:10", "01:30", "01:50", "02:10"]
+    lines = [vllm_line("Initializing NIXL worker decode-0", stamp="11-02 00:00:00")]
+    lines += [kv_metrics(4, 3.0, 20.0, f"11-02 {hm}:00") for hm in stamps]
+    log = tmp_path / "in" / "d" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025, tz="America/New_York")
+    ends = [r[0] for r in Store(tmp_path / "s").connect().sql(
+        "SELECT strftime(to_timestamp(end_ts) AT TIME ZONE 'UTC', '%H:%M') FROM intervals "
+        "WHERE source_kind = 'log' ORDER BY end_ts"
+    ).fetchall()]  # fmt: skip
+    assert ends == ["04:50", "05:10", "05:30", "05:50", "06:10", "06:30", "06:50", "07:10"]

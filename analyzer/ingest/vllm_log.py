@@ -20,7 +20,7 @@ import ast
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import polars as pl
@@ -152,6 +152,8 @@ class LogContext:
     # which gives the year and month to go on from instead of --year or the file's time
     resume_ts: float | None = None
     latest_ts: float | None = None  # the latest stamp read so far, for the next resume
+    latest_local: datetime | None = None  # the latest local (zone-less) stamp read so far
+    second_pass: bool = False  # within an hour the clocks went back over
     max_tp_rank: int | None = None
     logged_tp: int | None = None  # the TP size a transfer-plan line states
     # per process, the engine index of its last `Engine NNN:` line (-1: aggregated stats)
@@ -296,8 +298,26 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
     local = pl.format("{}-{} {}", pl.lit(years), pl.col("md"), pl.col("hms")).str.to_datetime(
         "%Y-%m-%d %H:%M:%S", strict=False
     )
+    # When clocks go back, an hour of stamps repeats. A stamp more than half an hour before
+    # the latest one read (so not a late line of another process) starts the second pass
+    # of that hour, which lasts until the stamps are past the latest again; any other
+    # ambiguous stamp is in the first pass. Few events: walked one by one, like the years.
+    flags: list[str] = []
+    locals_ = [] if ctx.tz in ("UTC", "Etc/UTC") else events.select(local.alias("local"))["local"].to_list()
+    for value in locals_:
+        latest = ctx.latest_local
+        if value is not None and latest is not None:
+            if value < latest - timedelta(minutes=30):
+                ctx.second_pass = True
+            elif value > latest:
+                ctx.second_pass = False
+        flags.append("latest" if ctx.second_pass else "earliest")
+        if value is not None and (latest is None or value > latest):
+            ctx.latest_local = value
+    ambiguous = pl.Series("ambiguous", flags, dtype=pl.String) if flags else "earliest"
     stamped = local.dt.replace_time_zone(
-        ctx.tz, ambiguous="earliest", non_existent="null"
+        ctx.tz, ambiguous=pl.lit(ambiguous) if isinstance(ambiguous, pl.Series) else ambiguous,
+        non_existent="null",
     ).dt.convert_time_zone("UTC")
     wrapped = (
         pl.col("wrap")
