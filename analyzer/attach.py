@@ -84,11 +84,6 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
             continue
         try:
             geometry = geometry_from_config(json.loads(chosen[2]), chosen[0])
-            # An engine's mamba_cache_dtype alone does not move the SSM state off its
-            # family's default (vLLM's config hook for Nemotron-H keeps it float32), where
-            # the CLI's --mamba-dtype sets both: the engine's own setting is mirrored here.
-            if not ssm and conv and geometry.ssm_dtype_default != "auto":
-                ssm = geometry.ssm_dtype_default
             options = SizingOptions(
                 tp_size=int(tp),
                 kv_dtype=kv or "auto",

@@ -86,9 +86,14 @@ def test_nemotron_ssm_state_defaults_to_float32():
     # ceil(5316608 / 65536) = ceil(81.125) = 82 → 1312 tokens; pad 57344 / 5316608 = 1.08%
     assert m.block_tokens == 1312
     assert m.mamba_padding_pct == 1.08
-    # an explicit --mamba-dtype sets both states
-    both = sized("nemotron-nano-12b-v2", mamba_dtype="float16")
+    # --mamba-dtype sets the conv state only: the hook keeps the SSM state float32 while
+    # --ssm-dtype is auto (vLLM's update_mamba_ssm_cache_dtype reads only that setting)
+    conv_only = sized("nemotron-nano-12b-v2", mamba_dtype="float16")
+    assert (conv_only.mamba_cache_dtype, conv_only.mamba_ssm_cache_dtype) == ("float16", "float32")
+    both = sized("nemotron-nano-12b-v2", mamba_dtype="float16", ssm_dtype="float16")
     assert both.mamba_ssm_cache_dtype == "float16"
+    # a family without a hook (Jamba): --mamba-dtype sets both states
+    assert sized("jamba-v0.1", mamba_dtype="float32").mamba_ssm_cache_dtype == "float32"
 
 
 def test_nemotron_fp8_kv_cache():
@@ -451,3 +456,16 @@ def test_state_dtype_cannot_be_fp8():
 
     with pytest.raises(UsageError):
         size_model(geometry_from_config(load_config("jamba-v0.1")[0]), SizingOptions(ssm_dtype="fp8"))
+
+
+def test_mode_all_is_align_where_vllm_has_no_mamba_prefix_caching():
+    # vLLM turns mamba_cache_mode=all into align for a model class without
+    # SupportsMambaPrefixCaching (Qwen3Next): no chunk alignment, and a note says why.
+    # TP 2: 16 · cdiv(24,576 + 524,288, 16 · 1024) = 544 tokens, 1.49 % padding.
+    every = sized("qwen3-next-80b-a3b-instruct", 2, mamba_cache_mode="all")
+    align = sized("qwen3-next-80b-a3b-instruct", 2, mamba_cache_mode="align")
+    assert (every.block_tokens, every.mamba_padding_pct) == (align.block_tokens, align.mamba_padding_pct)
+    assert (every.block_tokens, every.mamba_padding_pct) == (544, 1.49)
+    assert any("runs it as align" in note for note in every.notes)
+    # Nemotron-H supports it: mode all still aligns to its Mamba chunk
+    assert sized("nemotron-nano-12b-v2", mamba_cache_mode="all").block_tokens % 128 == 0

@@ -246,7 +246,8 @@ def _qwen3_next(config: Config) -> dict[str, Any]:
         head_v_dim=_int(config, "linear_value_head_dim"),
         conv_kernel=_int(config, "linear_conv_kernel_dim"),
     )
-    return {"attention": _attention(config, attention), "recurrent": recurrent}
+    # vLLM's Qwen3Next class does not declare SupportsMambaPrefixCaching
+    return {"attention": _attention(config, attention), "recurrent": recurrent, "mamba_prefix_caching": False}
 
 
 def _mamba2(config: Config) -> dict[str, Any]:
@@ -396,5 +397,6 @@ def geometry_from_config(config: Config, name: str | None = None) -> ModelGeomet
         recurrent=parts.get("recurrent"),
         ssm_dtype_default=parts.get("ssm_dtype_default", "auto"),
         mamba_chunk_size=_chunk(config, parts.get("chunk_default")),
+        mamba_prefix_caching=parts.get("mamba_prefix_caching", True),
         notes=tuple(parts.get("notes", ())),
     )

@@ -152,6 +152,9 @@ class ModelGeometry:
     # Mamba chunk for mamba_cache_mode=all (mamba_chunk_size, else chunk_size, else
     # the family's transformers default, else vLLM's 2048).
     mamba_chunk_size: int = 2048
+    # whether vLLM's model class supports Mamba prefix caching (SupportsMambaPrefixCaching):
+    # without it, vLLM turns mamba_cache_mode=all into align
+    mamba_prefix_caching: bool = True
     notes: tuple[str, ...] = ()
 
     @property

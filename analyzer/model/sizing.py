@@ -9,7 +9,7 @@ and pads the Mamba page up to it; we reproduce both numbers as vLLM logs them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hybridtrace.errors import UsageError
 from hybridtrace.model import dtypes
@@ -128,12 +128,10 @@ def resolve_dtypes(geometry: ModelGeometry, options: SizingOptions) -> tuple[str
         conv = geometry.model_dtype
     ssm = dtypes.canonical(options.ssm_dtype)
     if ssm == "auto":
-        if dtypes.canonical(options.mamba_dtype) != "auto":
-            ssm = conv  # an explicit --mamba-dtype sets both states
-        elif geometry.ssm_dtype_default != "auto":
-            ssm = geometry.ssm_dtype_default
-        else:
-            ssm = conv
+        # --mamba-cache-dtype (or the model's dtype) sets both states, except where the
+        # family's config hook (Nemotron-H) sets the SSM state's own dtype whenever
+        # --mamba-ssm-cache-dtype is auto, whatever --mamba-cache-dtype says
+        ssm = geometry.ssm_dtype_default if geometry.ssm_dtype_default != "auto" else conv
     return kv, conv, ssm
 
 
@@ -186,6 +184,12 @@ def size_model(geometry: ModelGeometry, options: SizingOptions | None = None) ->
     tp = options.tp_size
     kv_dtype, conv_dtype, ssm_dtype = resolve_dtypes(geometry, options)
     notes = list(geometry.notes)
+    if options.mamba_cache_mode == "all" and not geometry.mamba_prefix_caching:
+        options = replace(options, mamba_cache_mode="align")
+        notes.append(
+            "mamba_cache_mode all needs Mamba prefix caching, which vLLM's class for this model does not "
+            "support: vLLM runs it as align"
+        )
 
     attn_per_layer = 0
     kv_heads = head_size = None
