@@ -69,13 +69,11 @@ WITH e AS (
     SELECT engine_id,
            arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
            arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
-           coalesce(max(block_tokens), max(list_max([
-               g.block_tokens FOR g IN json_transform(groups, '[{"kind": "VARCHAR", "block_tokens": "BIGINT"}]')
-               IF g.kind <> 'mamba']))) AS block_tokens,
+           _engine_block(block_tokens, groups, ts) AS block_tokens,
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
            bool_or(hybrid_allocator) AS hybrid_allocator,
-           max(tp_size) AS tp_size  -- a log shows the workers it saw: a lower bound
+           _engine_tp(tp_size, ts, source_kind) AS tp_size
     FROM engines GROUP BY engine_id
 )
 SELECT e.engine_id,

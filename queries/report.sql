@@ -205,16 +205,12 @@ WITH e AS (
     SELECT engine_id,
            arg_max(role, ts) FILTER (WHERE role IS NOT NULL) AS role,
            arg_max(model, ts) FILTER (WHERE model IS NOT NULL) AS model,
-           -- a trace record says; a log shows the workers it saw, a lower bound
-           coalesce(arg_max(tp_size, ts) FILTER (WHERE source_kind = 'trace' AND tp_size IS NOT NULL),
-                    max(tp_size)) AS tp_size,
+           _engine_tp(tp_size, ts, source_kind) AS tp_size,
            arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
-           coalesce(arg_max(block_tokens, ts) FILTER (WHERE block_tokens IS NOT NULL), max(list_max([
-               g.block_tokens FOR g IN json_transform(groups, '[{"kind": "VARCHAR", "block_tokens": "BIGINT"}]')
-               IF g.kind <> 'mamba']))) AS block_tokens,
+           _engine_block(block_tokens, groups, ts) AS block_tokens,
            arg_max(mamba_padding_pct, ts) FILTER (WHERE mamba_padding_pct IS NOT NULL) AS padding_pct,
            -- a record that says nothing either way leaves it unknown, not "no"
            CASE WHEN bool_or(coalesce(use_host_buffer, false) OR kv_buffer_device = 'cpu') THEN true

@@ -119,7 +119,9 @@ def test_the_newest_engine_record_sets_the_engine(tmp_path):
     write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [new, old])
     nemotron_config(tmp_path / "in")
     ingest([tmp_path / "in"], tmp_path / "s")
-    got = Store(tmp_path / "s").connect().sql(
-        "SELECT tp_size, kv_cache_dtype, attention_bytes_per_token FROM engine_models"
-    ).fetchall()
+    con = Store(tmp_path / "s").connect()
+    got = con.sql("SELECT tp_size, kv_cache_dtype, attention_bytes_per_token FROM engine_models").fetchall()
     assert got == [(2, "bfloat16", 12288)]
+    # the settings the pair check compares, and the report's table, say the same
+    assert con.sql("SELECT tp_size, kv_cache_dtype FROM _engine_settings").fetchall() == [(2, "bfloat16")]
+    assert con.sql("SELECT tp_size, kv_cache_dtype FROM report_engines").fetchall() == [(2, "bfloat16")]

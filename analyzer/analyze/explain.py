@@ -23,13 +23,14 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
     return [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
 
 
+# the asked engine, when one is given (the parameter twice: once to test it for null)
+_ON_ENGINE = "(CAST(? AS VARCHAR) IS NULL OR {a}engine_id = ?)"
+
+
 def _matching(alias: str = "") -> str:
     """The rows of the asked request id (either side's), on the asked engine if one is given."""
     a = f"{alias}." if alias else ""
-    return (
-        f"({a}request_id = ? OR {a}remote_request_id = ?) "
-        f"AND (CAST(? AS VARCHAR) IS NULL OR {a}engine_id = ?)"
-    )
+    return f"({a}request_id = ? OR {a}remote_request_id = ?) AND " + _ON_ENGINE.format(a=a)
 
 
 def explain(
@@ -106,7 +107,7 @@ def explain(
                sum(attention_transported_bytes) AS transported_attention,
                sum(state_transported_bytes) AS transported_state
         FROM transfer_bytes
-        WHERE request_id = ? AND status = 'ok' AND (CAST(? AS VARCHAR) IS NULL OR engine_id = ?)
+        WHERE request_id = ? AND status = 'ok' AND """ + _ON_ENGINE.format(a="") + """
         """,
         [decode_id, engine_id, engine_id],
     )
@@ -118,7 +119,7 @@ def explain(
         [decode_id, remote_id or decode_id, request_id, remote_id or request_id],
     )
     findings = []
-    scoped = "request_id = ? AND (CAST(? AS VARCHAR) IS NULL OR engine_id = ?)"
+    scoped = "request_id = ? AND " + _ON_ENGINE.format(a="")
     for kind in KINDS:
         hits = _rows(con, f"SELECT * FROM finding_{kind} WHERE {scoped}", [decode_id, engine_id, engine_id])
         for row in hits:
