@@ -1,27 +1,70 @@
 """Simulator throughput against the time to write the same bytes, measured in the same run.
 
-    python benchmarks/simulate.py [--requests 1000000] [--dir /tmp/hybridtrace-sim-bench]
+    python benchmarks/simulate.py [--requests 1000000] [--rounds 3] [--dir /tmp/hybridtrace-sim-bench]
 
-Simulates N requests (all kinds injected), then measures two floors for producing that
-many bytes, in the same run:
+Runs ``hybridtrace simulate`` (all kinds injected) as a user would, and, in alternation
+with it, two floors for producing that many bytes:
 
 - write: a fresh process holds every file of the bundle in memory and writes it out, as
   any program producing those bytes must (the simulator's own writes are of this kind);
 - copy: the bundle copied file by file and synced (the kernel copies in place).
 
-It prints the times, the simulator's ratio to each, and the simulator's peak memory.
-These machines are noisy, and page-cache writes most of all: compare ratios.
+Every round deletes what it wrote before the next starts, so each contender finds the page
+cache in the same state: on a virtual machine, writing into pages the guest has not used
+yet costs several times more than reusing freed ones, and a benchmark that let one side
+inherit the other's freed pages would measure that, not the program. The first simulation
+only makes the bundle the floors write. Prints each round, the medians, their ratios, and
+the simulator's peak memory. These machines are noisy: compare ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+files = {p.relative_to(src): p.read_bytes() for p in sorted(src.rglob('*')) if p.is_file()}
+started = time.perf_counter()
+for rel, data in files.items():
+    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+    (dst / rel).write_bytes(data)
+print(time.perf_counter() - started)
+"""
+
+
+def _simulate(requests: int, out: Path) -> tuple[float, int]:
+    """Seconds and peak RSS (bytes) of ``hybridtrace simulate``, in its own process."""
+    command = [
+        "/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "hybridtrace", "simulate",
+        "--out", str(out), "--requests", str(requests), "--inject", "all",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    return seconds, int(done.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) * 1024
+
+
+def _write(src: Path, dst: Path) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITER, str(src), str(dst)], check=True, capture_output=True, text=True
+    )
+    return float(done.stdout)
+
+
+def _copy(src: Path, dst: Path) -> float:
+    subprocess.run(["sync"], check=False)
+    started = time.perf_counter()
+    shutil.copytree(src, dst)
+    subprocess.run(["sync"], check=False)
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -29,46 +72,35 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/hybridtrace-sim-bench")
     args = parser.parse_args()
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    bundle = str(root / "bundle")
-    code = (
-        "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
-        f"simulate(SimOptions(requests={args.requests}, inject=parse_inject('all')), {bundle!r})\n"
-    )
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    simulate_s = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    size = sum(p.stat().st_size for p in (root / "bundle").rglob("*") if p.is_file())
-    writer = (
-        "import sys, time\nfrom pathlib import Path\n"
-        f"src, dst = Path({str(root / 'bundle')!r}), Path({str(root / 'written')!r})\n"
-        "files = {p.relative_to(src): p.read_bytes() for p in sorted(src.rglob('*')) if p.is_file()}\n"
-        "started = time.perf_counter()\n"
-        "for rel, data in files.items():\n"
-        "    (dst / rel).parent.mkdir(parents=True, exist_ok=True)\n"
-        "    (dst / rel).write_bytes(data)\n"
-        "print(time.perf_counter() - started)\n"
-    )
-    write_s = float(subprocess.run([sys.executable, "-c", writer], check=True, capture_output=True,
-                                   text=True).stdout)  # fmt: skip
-    shutil.rmtree(root / "written")
-    subprocess.run(["sync"], check=False)
-    started = time.perf_counter()
-    shutil.copytree(root / "bundle", root / "copy")
-    subprocess.run(["sync"], check=False)
-    copy_s = time.perf_counter() - started
-    print(f"bundle            {size / 1e6:,.0f} MB, {args.requests:,} requests")
-    rate = size / 1e6 / simulate_s
-    print(f"simulate          {simulate_s:6.2f} s  {rate:7.1f} MB/s  peak RSS {peak / 2**20:,.0f} MiB")
-    print(f"write (baseline)  {write_s:6.2f} s  {size / 1e6 / write_s:7.1f} MB/s")
-    print(f"copy (baseline)   {copy_s:6.2f} s  {size / 1e6 / copy_s:7.1f} MB/s")
-    print(f"simulate / write: {simulate_s / write_s:.2f}x")
-    print(f"simulate / copy:  {simulate_s / copy_s:.2f}x")
+    bundle, scratch = root / "bundle", root / "scratch"
+    _simulate(args.requests, bundle)
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    print(f"bundle {size / 1e6:,.0f} MB, {args.requests:,} requests, {args.rounds} rounds")
+    times: dict[str, list[float]] = {"simulate": [], "write": [], "copy": []}
+    peaks = []
+    for round_ in range(1, args.rounds + 1):
+        for name in times:
+            if name == "simulate":
+                seconds, peak = _simulate(args.requests, scratch)
+                peaks.append(peak)
+            else:
+                seconds = _write(bundle, scratch) if name == "write" else _copy(bundle, scratch)
+            shutil.rmtree(scratch)
+            times[name].append(seconds)
+        print(f"round {round_}: " + "  ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
+    median = {k: statistics.median(v) for k, v in times.items()}
+    for name, seconds in median.items():
+        print(f"{name:9s} median {seconds:6.2f} s  {size / 1e6 / seconds:7.1f} MB/s")
+    print(f"simulate peak RSS {max(peaks) / 2**20:,.0f} MiB")
+    print(f"simulate / write: {median['simulate'] / median['write']:.2f}x")
+    print(f"simulate / copy:  {median['simulate'] / median['copy']:.2f}x")
+    shutil.rmtree(root)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -59,18 +59,24 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     writer = BundleWriter(plan, out)
     injected: dict[str, int] = {}
     natural: dict[str, int] = {}
-    staged = out / "truth.findings.tmp"
+    truth = out / "truth.json"
+    written = 0
     try:
-        with open(staged, "wb") as findings_file:
+        # One finding per line, written as the blocks are made: readable, and no second pass
+        # over millions of findings at the end.
+        with open(truth, "wb") as handle:
+            handle.write(b'{"findings":[\n')
 
             def record(findings: pl.DataFrame) -> None:
+                nonlocal written
                 if not findings.height:
                     return
                 for kind, was_injected, count in findings.group_by(["kind", "injected"]).len().iter_rows():
                     bucket = injected if was_injected else natural
                     bucket[kind] = bucket.get(kind, 0) + count
-                # each line after a separator; the file's first two bytes are skipped below
-                writer.sink.lines(findings_file, ",\n" + findings["line"], terminated=True)
+                # every line ends with the separator; the last one's is taken back below
+                writer.sink.lines(handle, findings["line"] + ",")
+                written += findings.height
 
             global_rows = [(f["kind"], True, json.dumps(f, **_COMPACT)) for f in global_findings(plan)]
             record(
@@ -91,23 +97,21 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
             if previous is not None:
                 writer.consume(previous, math.inf)
             counts = writer.close()
+            if written:
+                handle.seek(-2, os.SEEK_END)  # the last finding's ",\n"
+                handle.truncate()
+                handle.write(b"\n")
+            summary = {
+                "injected": injected,
+                "natural": natural,
+                "scenario": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+            }
+            handle.write(b"],\n\"inputs\":" + json.dumps(counts, **_COMPACT).encode())
+            handle.write(b',\n"summary":' + json.dumps(summary, **_COMPACT).encode() + b"}\n")
     except BaseException:
         writer.abort()
+        truth.unlink(missing_ok=True)  # a bundle without its truth is plainly unfinished
         raise
-    summary = {
-        "injected": injected,
-        "natural": natural,
-        "scenario": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
-    }
-    # One finding per line: readable, and quick to write for millions of requests.
-    with open(out / "truth.json", "w") as handle:
-        handle.write('{"findings":[\n')
-        with open(staged) as findings_file:
-            findings_file.read(2)  # the first line's separator
-            shutil.copyfileobj(findings_file, handle)
-        handle.write('\n],\n"inputs":' + json.dumps(counts, **_COMPACT))
-        handle.write(',\n"summary":' + json.dumps(summary, **_COMPACT) + "}\n")
-    staged.unlink()
     return {"inputs": counts, "summary": summary, "seconds": time.monotonic() - started}
 
 

@@ -392,7 +392,9 @@ def _settle(requests: pl.DataFrame, reads: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("failed"))
         .otherwise(pl.lit("ok"))
     )
-    return requests.join(per_request, on="n", how="left").with_columns(status.alias("status")).sort("n")
+    return requests.join(per_request, on="n", how="left", maintain_order="left").with_columns(
+        status.alias("status")
+    )
 
 
 def global_findings(plan: Plan) -> list[dict]:
@@ -436,6 +438,11 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
     Written column-wise in the key order ``json.dumps(sort_keys=True)`` gives the global
     findings, so every line of truth.json reads alike.
     """
+    # the columns a finding reads: filtering the whole block per kind would copy the rest
+    requests = requests.select(
+        "engine_id", "remote_engine_id", "request_id", "chosen_rank", "status", "critical_s", "prefill_s",
+        "post_sum", "xfer_sum", *[f"x_{kind}" for kind in REQUEST_KINDS],
+    )  # fmt: skip
     frames = []
     for kind in REQUEST_KINDS:
         # Only what the telemetry can show is true: an expired request's reads moved nothing

@@ -22,13 +22,14 @@ import json
 import math
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
 import polars as pl
-import pyarrow as pa
 
 from hybridtrace.simulate.workload import Block, Plan
 
@@ -104,6 +105,21 @@ def _stamp(column: str) -> pl.Expr:
     return pl.from_epoch((pl.col(column) * 1e6).cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
 
 
+# Histogram sums are kept as integers in these units: times are made rounded to the
+# nanosecond, bytes and descriptors are whole. An integer sum is exact in any order, so a
+# parallel group_by gives the same total, and the same seed the same bytes, every run.
+_UNITS = {"xfer_s": 10**9, "post_s": 10**9, "bytes": 1, "descriptors": 1}
+
+
+def _whole(column: str) -> pl.Expr:
+    return (pl.col(column) * _UNITS[column]).round().cast(pl.Int64)
+
+
+def _bucket(values: pl.Series, bounds: tuple[float, ...]) -> pl.Series:
+    """The index of each value's histogram bucket: the first bound it does not exceed."""
+    return pl.Series([float(b) for b in bounds]).search_sorted(values.cast(pl.Float64), side="left")
+
+
 def _tick(column: str, start: float, every: float) -> pl.Expr:
     """The index of the periodic tick at or after ``column`` (tick k is at start + k * every)."""
     return ((pl.col(column) - start) / every).ceil().cast(pl.Int64).clip(1)
@@ -130,25 +146,22 @@ def kv_metrics_line(
 def _interval_summaries(rows: pl.DataFrame) -> dict[int, tuple]:
     """kv_metrics_line's arguments per interval ``k``, from the interval's successful reads.
 
-    Each interval's values are gathered in row order and summed as one list, so the sums do
-    not depend on how a parallel group_by split the rows between threads.
+    Times are summed as whole nanoseconds (see ``_UNITS``), so a sum does not depend on how
+    a parallel group_by split the rows between threads.
     """
-    p90 = pl.element().quantile(0.9, interpolation="linear")
-    summary = (
-        rows.group_by("k")
-        .agg(pl.col("xfer_s"), pl.col("post_s"), pl.col("bytes").sum(), pl.col("descriptors").sum())
-        .select(
-            "k",
-            pl.col("xfer_s").list.len(),
-            pl.col("xfer_s").list.sum().alias("xfer_sum"),
-            pl.col("xfer_s").list.eval(p90).list.first().alias("xfer_p90"),
-            pl.col("post_s").list.sum().alias("post_sum"),
-            pl.col("post_s").list.eval(p90).list.first().alias("post_p90"),
-            "bytes",
-            "descriptors",
-        )
+    summary = rows.group_by("k").agg(
+        pl.len(),
+        _whole("xfer_s").sum(),
+        pl.col("xfer_s").quantile(0.9, interpolation="linear").alias("xfer_p90"),
+        _whole("post_s").sum(),
+        pl.col("post_s").quantile(0.9, interpolation="linear").alias("post_p90"),
+        pl.col("bytes").sum(),
+        pl.col("descriptors").sum(),
     )
-    return {row[0]: row[1:] for row in summary.iter_rows()}
+    return {
+        k: (n, xfer / 1e9, xfer_p90, post / 1e9, post_p90, total, descriptors)
+        for k, n, xfer, xfer_p90, post, post_p90, total, descriptors in summary.iter_rows()
+    }
 
 
 def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
@@ -178,31 +191,36 @@ class _Sink:
         self._waiting = 0
         self._limit = limit
 
-    def write(self, handle: BinaryIO, data: memoryview | bytes) -> None:
-        size = len(data) if isinstance(data, bytes) else data.nbytes
-        self._pending.append((self._pool.submit(handle.write, data), size))
+    def _submit(self, work: Callable[[], object], size: int) -> None:
+        self._pending.append((self._pool.submit(work), size))
         self._waiting += size
         while self._waiting > self._limit and len(self._pending) > 1:
             self._finish_one()
 
+    def write(self, handle: BinaryIO, data: bytes) -> None:
+        self._submit(partial(handle.write, data), len(data))
+
     def lines(self, handle: BinaryIO, lines: pl.Series, *, terminated: bool = False) -> None:
         """Each line as is, newline-terminated (``terminated``: each ends with its newline).
 
-        The column's bytes are the file's bytes, so they are written as they lie in memory:
-        formatting them again (as a CSV writer would) costs more than producing them.
+        The column's bytes are the file's bytes. Polars' CSV writer with no quoting and no
+        header writes them as they are, a chunk of rows at a time from a small buffer that
+        stays in the CPU cache: gathering the whole column into one buffer first (as Arrow's
+        offsets need) costs twice as much and a block's worth of fresh memory.
         """
         if not lines.len():
             return
         if lines.null_count():  # a record built from a null piece is null as a whole
             raise ValueError("a line to write is null: a field it is built from has no value")
-        # Polars hands its string views over as they are; Arrow gathers them into one
-        # buffer several times faster than polars' own conversion to offsets does.
-        array = (lines if terminated else lines + "\n").to_arrow(compat_level=pl.CompatLevel.newest())
-        if not isinstance(array, pa.LargeStringArray):
-            array = array.cast(pa.large_string())
-        _, offsets, data = array.buffers()
-        bounds = memoryview(offsets).cast("q")
-        self.write(handle, memoryview(data)[bounds[array.offset] : bounds[array.offset + len(array)]])
+        frame = lines.to_frame()
+        write = partial(
+            frame.write_csv,
+            handle,
+            include_header=False,
+            quote_style="never",
+            line_terminator="" if terminated else "\n",
+        )
+        self._submit(write, frame.estimated_size())
 
     def _finish_one(self) -> None:
         future, size = self._pending.popleft()
@@ -231,9 +249,9 @@ class _EngineFiles:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.trace = open(self.folder / "trace.jsonl", "wb")  # noqa: SIM115 - closed in close()
         self.trace.write((json.dumps(self._engine_record(), sort_keys=True) + "\n").encode())
-        # gzip without a timestamp, so the same lines give the same bytes; level 6, as
-        # logrotate's gzip compresses by default
-        self.rotated = gzip.GzipFile(self.folder / "vllm.log.1.gz", "wb", compresslevel=6, mtime=0)
+        # gzip without a timestamp, so the same lines give the same bytes. Level 1: no reader
+        # can tell the level, and logrotate's default 6 takes three times the CPU.
+        self.rotated = gzip.GzipFile(self.folder / "vllm.log.1.gz", "wb", compresslevel=1, mtime=0)
         self.live = open(self.folder / "vllm.log", "wb")  # noqa: SIM115 - closed in close()
         self.rotate_at = self.options.start_ts + self.options.duration_s / 2
         self.pending: list[tuple[float, int, str]] = []  # log lines not yet written (a heap)
@@ -247,10 +265,10 @@ class _EngineFiles:
         self.load: dict[int, list[int]] = {}  # k -> [requests, tokens]
         self.next_tick = 1
         self.scrape_counts: dict[int, list[list[int]]] = {}  # open scrape ticks -> bucket counts
-        self.scrape_sums: dict[int, list[float]] = {}
+        self.scrape_sums: dict[int, list[int]] = {}  # in _UNITS
         self.scrape_failed: dict[int, int] = {}
         self.cumulative = [[0] * (len(bounds) + 1) for _, bounds, _ in HISTOGRAMS]
-        self.cumulative_sums = [0.0] * len(HISTOGRAMS)
+        self.cumulative_sums = [0] * len(HISTOGRAMS)  # in _UNITS
         self.failed_total = 0
         self.next_scrape = 1
         self.counts = {"transfers": 0, "requests": 0, "log_intervals": 0, "prom_scrapes": 0}
@@ -404,14 +422,20 @@ class _EngineFiles:
     def _trace(self, requests: pl.DataFrame, reads: pl.DataFrame) -> None:
         transfers = _encoded(reads, _transfer_json(), 0)
         asked = _encoded(requests, _request_json(), 1)
-        merged = pl.concat([transfers, asked]).sort(["ts", "order"], maintain_order=True)
+        # Both record types stamp ts to the microsecond, so one integer key orders them as
+        # (ts, order) would, and sorts faster than the two columns.
+        merged = pl.concat([transfers, asked]).sort(
+            (pl.col("ts") * 1e6).round().cast(pl.Int64) * 2 + pl.col("order"), maintain_order=True
+        )
         self.sink.lines(self.trace, merged["line"], terminated=True)
         self.counts["transfers"] += reads.height
         self.counts["requests"] += requests.height
 
     def _stats(self, reads: pl.DataFrame) -> None:
         options = self.options
-        ok = reads.filter(pl.col("status") == "ok")
+        ok = reads.select("done_ts", "xfer_s", "post_s", "bytes", "descriptors", "status").filter(
+            pl.col("status") == "ok"
+        )
         ticks = ok.select(
             _tick("done_ts", options.start_ts, options.stats_interval_s).alias("k"),
             "xfer_s",
@@ -421,28 +445,22 @@ class _EngineFiles:
         )
         if ticks.height:
             self.stat_rows.append(ticks)
-        scrape = ok.with_columns(_tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k"))
-        parts = []
-        for h, (_, bounds, column) in enumerate(HISTOGRAMS):
-            values = scrape[column].cast(pl.Float64)
-            bucket = pl.Series([float(b) for b in bounds]).search_sorted(values, side="left")
-            parts.append(pl.DataFrame({"h": pl.repeat(h, scrape.height, dtype=pl.Int32, eager=True),
-                                       "k": scrape["k"], "b": bucket, "v": values}))  # fmt: skip
-        # One group_by for the four histograms. Each group's values are gathered in row order
-        # and then summed as one list: a float sum inside a parallel group_by depends on how
-        # the rows were split between threads, and the same seed must give the same bytes.
-        for h, k, b, count, total in (
-            pl.concat(parts)
-            .group_by(["h", "k", "b"])
-            .agg(pl.len(), pl.col("v"))
-            .with_columns(pl.col("v").list.sum())
-            .sort(["h", "k", "b"])
-            .iter_rows()
-        ):
-            counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
-            sums = self.scrape_sums.setdefault(k, [0.0] * len(HISTOGRAMS))
-            counts[h][b] += count
-            sums[h] += total
+        if ok.height:
+            scrape = ok.select(
+                _tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k"),
+                *[_whole(column).alias(f"v{h}") for h, (_, _, column) in enumerate(HISTOGRAMS)],
+            ).with_columns(
+                _bucket(ok[column], bounds).alias(f"b{h}") for h, (_, bounds, column) in enumerate(HISTOGRAMS)
+            )
+            totals = scrape.group_by("k").agg(pl.col(f"v{h}").sum() for h in range(len(HISTOGRAMS)))
+            for k, *values in totals.iter_rows():
+                sums = self.scrape_sums.setdefault(k, [0] * len(HISTOGRAMS))
+                for h, value in enumerate(values):
+                    sums[h] += value
+            for h in range(len(HISTOGRAMS)):
+                for k, b, count in scrape.group_by("k", f"b{h}").len().iter_rows():
+                    counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
+                    counts[h][b] += count
         failed = reads.filter(pl.col("status") == "failed").select(
             _tick("done_ts", options.start_ts, options.scrape_interval_s)
         )
@@ -544,7 +562,7 @@ class _EngineFiles:
             counts = self.scrape_counts.pop(k, None)
             sums = self.scrape_sums.pop(k, None)
             lines = ["# vLLM /metrics"]
-            for h, (name, bounds, _) in enumerate(HISTOGRAMS):
+            for h, (name, bounds, column) in enumerate(HISTOGRAMS):
                 if counts:
                     for b in range(len(bounds) + 1):
                         self.cumulative[h][b] += counts[h][b]
@@ -557,7 +575,7 @@ class _EngineFiles:
                 total = running + self.cumulative[h][len(bounds)]
                 lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(total)}')
                 lines.append(f"{name}_count{{{labels}}} {float(total)}")
-                lines.append(f"{name}_sum{{{labels}}} {self.cumulative_sums[h]!r}")
+                lines.append(f"{name}_sum{{{labels}}} {self.cumulative_sums[h] / _UNITS[column]!r}")
             self.failed_total += self.scrape_failed.pop(k, 0)
             lines.append("# TYPE vllm:nixl_num_failed_transfers counter")
             lines.append(f"vllm:nixl_num_failed_transfers_total{{{labels}}} {float(self.failed_total)}")
