@@ -32,31 +32,34 @@ import sys, time
 from pathlib import Path
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 files = {p.relative_to(src): p.read_bytes() for p in sorted(src.rglob('*')) if p.is_file()}
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 for rel, data in files.items():
     (dst / rel).parent.mkdir(parents=True, exist_ok=True)
     (dst / rel).write_bytes(data)
-print(time.perf_counter() - started)
+print(time.perf_counter() - started, time.process_time() - cpu)
 """
 
 
-def _simulate(requests: int, out: Path) -> tuple[float, int]:
-    """Seconds and peak RSS (bytes) of ``hybridtrace simulate``, in its own process."""
+def _simulate(requests: int, out: Path) -> tuple[float, float, int]:
+    """Seconds, CPU seconds and peak RSS (bytes) of ``hybridtrace simulate``, in its own process."""
     command = [
-        "/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "hybridtrace", "simulate",
+        "/usr/bin/time", "-f", "cpu_s=%U+%S maxrss_kb=%M", sys.executable, "-m", "hybridtrace", "simulate",
         "--out", str(out), "--requests", str(requests), "--inject", "all",
     ]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    return seconds, int(done.stderr.rsplit("maxrss_kb=", 1)[1].split()[0]) * 1024
+    report = done.stderr.rsplit("cpu_s=", 1)[1].split()
+    user, system = report[0].split("+")
+    return seconds, float(user) + float(system), int(report[1].removeprefix("maxrss_kb=")) * 1024
 
 
-def _write(src: Path, dst: Path) -> float:
+def _write(src: Path, dst: Path) -> tuple[float, float]:
     done = subprocess.run(
         [sys.executable, "-c", _WRITER, str(src), str(dst)], check=True, capture_output=True, text=True
     )
-    return float(done.stdout)
+    seconds, cpu = done.stdout.split()
+    return float(seconds), float(cpu)
 
 
 def _copy(src: Path, dst: Path) -> float:
@@ -83,23 +86,32 @@ def main() -> None:
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     print(f"bundle {size / 1e6:,.0f} MB, {args.requests:,} requests, {args.rounds} rounds")
     times: dict[str, list[float]] = {"simulate": [], "write": [], "copy": []}
+    cpu: dict[str, list[float]] = {"simulate": [], "write": []}
     peaks = []
     for round_ in range(1, args.rounds + 1):
         for name in times:
             if name == "simulate":
-                seconds, peak = _simulate(args.requests, scratch)
+                seconds, used, peak = _simulate(args.requests, scratch)
+                cpu[name].append(used)
                 peaks.append(peak)
+            elif name == "write":
+                seconds, used = _write(bundle, scratch)
+                cpu[name].append(used)
             else:
-                seconds = _write(bundle, scratch) if name == "write" else _copy(bundle, scratch)
+                seconds = _copy(bundle, scratch)
             shutil.rmtree(scratch)
             times[name].append(seconds)
         print(f"round {round_}: " + "  ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
     median = {k: statistics.median(v) for k, v in times.items()}
     for name, seconds in median.items():
-        print(f"{name:9s} median {seconds:6.2f} s  {size / 1e6 / seconds:7.1f} MB/s")
+        used = f"  CPU {statistics.median(cpu[name]):5.2f} s" if name in cpu else ""
+        print(f"{name:9s} median {seconds:6.2f} s  {size / 1e6 / seconds:7.1f} MB/s{used}")
     print(f"simulate peak RSS {max(peaks) / 2**20:,.0f} MiB")
     print(f"simulate / write: {median['simulate'] / median['write']:.2f}x")
     print(f"simulate / copy:  {median['simulate'] / median['copy']:.2f}x")
+    # CPU seconds are steadier than wall time on a shared machine; the simulator uses both cores
+    cpu_ratio = statistics.median(cpu["simulate"]) / statistics.median(cpu["write"])
+    print(f"CPU, simulate / write: {cpu_ratio:.2f}x")
     shutil.rmtree(root)
 
 

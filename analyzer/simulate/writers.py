@@ -101,8 +101,9 @@ def _line(ts: float, message: str, *, level: str = "INFO", where: str, process: 
     return "\r\n".join(head + part for part in message.split("\n"))
 
 
-def _stamp(column: str) -> pl.Expr:
-    return pl.from_epoch((pl.col(column) * 1e6).cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
+def _stamp(ts: pl.Expr) -> pl.Expr:
+    """The log stamp of epoch seconds ``ts``, as ``_line`` prints it."""
+    return pl.from_epoch((ts * 1e6).cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
 
 
 # Histogram sums are kept as integers in these units: times are made rounded to the
@@ -255,7 +256,7 @@ class _EngineFiles:
         self.live = open(self.folder / "vllm.log", "wb")  # noqa: SIM115 - closed in close()
         self.rotate_at = self.options.start_ts + self.options.duration_s / 2
         self.pending: list[tuple[float, int, str]] = []  # log lines not yet written (a heap)
-        self.bulk: list[pl.DataFrame] = []  # access-log lines not yet written (ts, seq, line)
+        self.bulk: list[pl.DataFrame] = []  # per-row log lines not yet written (ts, seq, line)
         self.seq = 0
         self.api, core = "APIServer pid=1", "EngineCore_DP0 pid=212"
         self.core = core
@@ -387,29 +388,37 @@ class _EngineFiles:
                 slot = self.load.setdefault(k, [0, 0])
                 slot[0] += n
                 slot[1] += tokens
-            failed = reads.filter(pl.col("status") == "failed").select(
-                "done_ts", "request_id", "engine_id", "remote_engine_id", "remote_request_id", "rank"
+            failed = reads.filter(pl.col("status") == "failed")
+            # the repr of the context dict vLLM logs (the ids need no escaping)
+            context = pl.concat_str(
+                pl.lit("{'failure_type': 'transfer_failed', 'request_id': '"), "request_id",
+                pl.lit("', 'engine_id': '"), "engine_id",
+                pl.lit("', 'remote_engine_id': '"), "remote_engine_id",
+                pl.lit("', 'remote_request_id': '"), "remote_request_id",
+                pl.lit("', 'remote_host': '10.0.12.7', 'remote_port': 5600, 'num_local_blocks': 12, "
+                       "'num_remote_blocks': 12, 'xfer_state': 'ERR'}"),
+            )  # fmt: skip
+            self._log_lines(
+                failed,
+                pl.col("done_ts"),
+                "NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: " + context,
+                level="ERROR",
+                where="worker.py:505",
+                process=self._worker_of(pl.col("rank")),
             )
-            for done, rid, eid, remote, remote_rid, rank in failed.iter_rows():
-                context = {"failure_type": "transfer_failed", "request_id": rid, "engine_id": eid,
-                           "remote_engine_id": remote, "remote_request_id": remote_rid, "remote_host": "10.0.12.7",
-                           "remote_port": 5600, "num_local_blocks": 12, "num_remote_blocks": 12, "xfer_state": "ERR"}  # fmt: skip
-                self.add(
-                    done,
-                    f"NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {context!r}",
-                    level="ERROR",
-                    where="worker.py:505",
-                    process=self.workers[min(rank, len(self.workers) - 1)],
-                )
         else:
-            for ts, remote_rid in (
-                requests.filter(pl.col("status") == "expired").select("ts", "remote_request_id").iter_rows()
-            ):
-                if options.era == "abort":
-                    text = f"Releasing expired KV blocks for request {remote_rid} which were retrieved by 0 decode worker(s) within 480 seconds."
-                else:
-                    text = f"Releasing expired KV blocks for request {remote_rid} which were retrieved by 0 remote worker(s) before lease expired."
-                self.add(ts + 30, text, level="WARNING", where="base_worker.py:2152", process=self.workers[0])
+            if options.era == "abort":
+                tail = " which were retrieved by 0 decode worker(s) within 480 seconds."
+            else:
+                tail = " which were retrieved by 0 remote worker(s) before lease expired."
+            self._log_lines(
+                requests.filter(pl.col("status") == "expired"),
+                pl.col("ts") + 30,
+                pl.concat_str(pl.lit("Releasing expired KV blocks for request "), "remote_request_id", pl.lit(tail)),
+                level="WARNING",
+                where="base_worker.py:2152",
+                process=pl.lit(self.workers[0]),
+            )
             for k, tokens in (
                 requests.with_columns(_tick("ts", options.start_ts, interval).alias("k"))
                 .group_by("k", maintain_order=True)
@@ -469,17 +478,36 @@ class _EngineFiles:
 
     def _access_lines(self, requests: pl.DataFrame) -> None:
         # one access-log line per request: the bulk of a real log, of no interest to hybridtrace
-        before, after = _head("INFO", "\x00", "api_server.py:1019", self.api, self.options.colour).split(
-            "\x00"
-        )
-        lines = requests.select(
+        self._log_lines(
+            requests,
             pl.col("ts"),
+            pl.format('10.0.0.{}:41234 - "POST /v1/completions HTTP/1.1" 200 OK', pl.col("n") % 200),
+            level="INFO",
+            where="api_server.py:1019",
+            process=pl.lit(self.api),
+        )
+
+    def _worker_of(self, rank: pl.Expr) -> pl.Expr:
+        """The process name of the worker that serves ``rank`` (the engine core's without TP)."""
+        return pl.lit(pl.Series(self.workers)).gather(rank.clip(upper_bound=len(self.workers) - 1))
+
+    def _log_lines(
+        self, rows: pl.DataFrame, ts: pl.Expr, message: pl.Expr | str, *, level: str, where: str, process: pl.Expr
+    ) -> None:
+        """One single-line log message per row of ``rows``, queued as ``add`` queues one, in row order."""
+        if not rows.height:
+            return
+        # the head with placeholders for the process and the stamp, which vary by row
+        before, between, after = _head(level, "\x01", where, "\x00", self.options.colour).replace(
+            "\x01", "\x00"
+        ).split("\x00")
+        lines = rows.select(
+            ts.alias("ts"),
             pl.int_range(self.seq, self.seq + pl.len(), dtype=pl.Int64).alias("seq"),
-            pl.format(
-                '{}{}{}10.0.0.{}:41234 - "POST /v1/completions HTTP/1.1" 200 OK',
-                pl.lit(before), _stamp("ts"), pl.lit(after), (pl.col("n") % 200).cast(pl.String),
+            pl.concat_str(
+                pl.lit(before), process, pl.lit(between), _stamp(ts), pl.lit(after), message
             ).alias("line"),
-        )  # fmt: skip
+        )
         self.seq += lines.height
         self.bulk.append(lines)
 
