@@ -146,3 +146,28 @@ def test_exact_request_count_and_bad_inject(tmp_path):
         parse_inject("padding_leek")
     with pytest.raises(UsageError):
         parse_inject("slow_rank=2")
+
+
+def test_truth_is_one_json_document_with_or_without_findings(tmp_path):
+    # a fast link, cheap posting and long prompts: nothing is naturally worth a finding
+    quiet = SimOptions(requests=20, median_prompt_tokens=20000, prompt_sigma=0.1, post_s_per_descriptor=0.0,
+                       bandwidth_gb_s=1000.0)  # fmt: skip
+    for name, options in (("quiet", quiet), ("busy", SimOptions(requests=2000, inject=parse_inject("all")))):
+        returned = simulate(options, tmp_path / name)
+        truth = json.loads((tmp_path / name / "truth.json").read_text())
+        assert truth["inputs"] == returned["inputs"]
+        counted = sum(returned["summary"]["injected"].values()) + sum(returned["summary"]["natural"].values())
+        assert len(truth["findings"]) == counted
+        assert bool(counted) == (name == "busy")
+
+
+def test_a_failed_run_leaves_no_truth(tmp_path, monkeypatch):
+    from hybridtrace.simulate import writers
+
+    def broken(self, block, watermark):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writers.BundleWriter, "consume", broken)
+    with pytest.raises(OSError, match="disk full"):
+        simulate(SimOptions(requests=300_000), tmp_path / "b", block_size=100_000)
+    assert not (tmp_path / "b" / "truth.json").exists()

@@ -166,14 +166,9 @@ def _interval_summaries(rows: pl.DataFrame) -> dict[int, tuple]:
 
 
 def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
-    """(ts, order, line) per row. Building one string column from many pieces runs on one
-    thread, so the rows are cut in as many slices as there are threads, encoded together."""
-    parts = max(1, min(pl.thread_pool_size(), frame.height // 50_000))
-    step = -(-frame.height // parts)
-    lazy = frame.lazy().select(pl.col("ts"), pl.lit(order).alias("order"), record.alias("line"))
-    if parts == 1:
-        return lazy.collect()
-    return pl.concat(pl.collect_all([lazy.slice(i * step, step) for i in range(parts)]))
+    """(ts, order, line) per row. Lazily: the streaming engine builds the string column a
+    morsel per thread, where an eager select builds it on one."""
+    return frame.lazy().select(pl.col("ts"), pl.lit(order).alias("order"), record.alias("line")).collect()
 
 
 class _Sink:
