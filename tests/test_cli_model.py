@@ -77,6 +77,8 @@ def _builtin(name: str) -> str:
         (("model", "--tp", "0"), "--tp"),
         (("model", "--kv-dtype", "int3"), "unknown dtype"),
         (("model", "--ssm-dtype", "fp8"), "KV-cache dtype only"),
+        (("model", "--kv-dtype", "fp32"), "vLLM does not take float32"),
+        (("simulate", "--out", "bundle", "--kv-dtype", "float32"), "vLLM does not take float32"),
         (("model", "jamba-v0.1", "--attention-bytes-per-token", "4KiB"), "not both"),
     ],
 )
