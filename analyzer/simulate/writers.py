@@ -437,19 +437,11 @@ class _EngineFiles:
 
     def _stats(self, reads: pl.DataFrame) -> None:
         options = self.options
-        ok = reads.select("done_ts", "xfer_s", "post_s", "bytes", "descriptors", "status").filter(
-            pl.col("status") == "ok"
-        )
-        ticks = ok.select(
-            _tick("done_ts", options.start_ts, options.stats_interval_s).alias("k"),
-            "xfer_s",
-            "post_s",
-            "bytes",
-            "descriptors",
-        )
-        if ticks.height:
-            self.stat_rows.append(ticks)
+        reads = reads.select("done_ts", "xfer_s", "post_s", "bytes", "descriptors", "status")
+        ok = reads.filter(pl.col("status") == "ok")
         if ok.height:
+            ticks = _tick("done_ts", options.start_ts, options.stats_interval_s).alias("k")
+            self.stat_rows.append(ok.select(ticks, "xfer_s", "post_s", "bytes", "descriptors"))
             scrape = ok.select(
                 _tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k"),
                 *[_whole(column).alias(f"v{h}") for h, (_, _, column) in enumerate(HISTOGRAMS)],
@@ -466,9 +458,9 @@ class _EngineFiles:
                     counts = self.scrape_counts.setdefault(k, [[0] * (len(bs) + 1) for _, bs, _ in HISTOGRAMS])
                     counts[h][b] += count
         failed = reads.filter(pl.col("status") == "failed").select(
-            _tick("done_ts", options.start_ts, options.scrape_interval_s)
+            _tick("done_ts", options.start_ts, options.scrape_interval_s).alias("k")
         )
-        for k, n in failed.group_by("done_ts").len().iter_rows():
+        for k, n in failed.group_by("k").len().iter_rows():
             self.scrape_failed[k] = self.scrape_failed.get(k, 0) + n
 
     def _access_lines(self, requests: pl.DataFrame) -> None:
