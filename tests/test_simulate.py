@@ -164,10 +164,18 @@ def test_truth_is_one_json_document_with_or_without_findings(tmp_path):
 def test_a_failed_run_leaves_no_truth(tmp_path, monkeypatch):
     from hybridtrace.simulate import writers
 
-    def broken(self, block, watermark):
-        raise OSError("disk full")
+    seen = []
+    consume = writers.BundleWriter.consume
 
-    monkeypatch.setattr(writers.BundleWriter, "consume", broken)
+    def watched(self, block, watermark):
+        # truth.json appears only when whole: a run killed at this point would leave none
+        seen.append((tmp_path / "b" / "truth.json").exists())
+        if len(seen) == 2:
+            raise OSError("disk full")
+        consume(self, block, watermark)
+
+    monkeypatch.setattr(writers.BundleWriter, "consume", watched)
     with pytest.raises(OSError, match="disk full"):
         simulate(SimOptions(requests=300_000), tmp_path / "b", block_size=100_000)
-    assert not (tmp_path / "b" / "truth.json").exists()
+    assert seen == [False, False]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["decode-0", "models", "prefill-0"]

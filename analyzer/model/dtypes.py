@@ -44,7 +44,7 @@ def canonical(name: str) -> str:
         return "auto"
     lowered = _ALIASES.get(lowered, lowered)
     if lowered not in _ELEMENT_BYTES:
-        raise UsageError(f"unknown dtype {name!r} (use one of: {', '.join(KV_DTYPES)})")
+        raise UsageError(f"unknown dtype {name!r} (known: auto, {', '.join(_ELEMENT_BYTES)})")
     return lowered
 
 

@@ -59,12 +59,13 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
     writer = BundleWriter(plan, out)
     injected: dict[str, int] = {}
     natural: dict[str, int] = {}
-    truth = out / "truth.json"
+    # Findings are written as the blocks are made, one per line (readable, and no second
+    # pass over millions of them), into a hidden file that becomes truth.json only once
+    # whole: a run that is stopped in any way leaves a bundle plainly without its truth.
+    partial = out / ".truth.json.partial"
     written = 0
     try:
-        # One finding per line, written as the blocks are made: readable, and no second pass
-        # over millions of findings at the end.
-        with open(truth, "wb") as handle:
+        with open(partial, "wb") as handle:
             handle.write(b'{"findings":[\n')
 
             def record(findings: pl.DataFrame) -> None:
@@ -108,9 +109,10 @@ def simulate(options: SimOptions, out: str | Path, *, block_size: int = 100_000)
             }
             handle.write(b"],\n\"inputs\":" + json.dumps(counts, **_COMPACT).encode())
             handle.write(b',\n"summary":' + json.dumps(summary, **_COMPACT).encode() + b"}\n")
+        partial.replace(out / "truth.json")
     except BaseException:
         writer.abort()
-        truth.unlink(missing_ok=True)  # a bundle without its truth is plainly unfinished
+        partial.unlink(missing_ok=True)
         raise
     return {"inputs": counts, "summary": summary, "seconds": time.monotonic() - started}
 

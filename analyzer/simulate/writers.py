@@ -16,6 +16,7 @@ in a fixed order with fixed content (gzip without a timestamp): a seed gives the
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import heapq
 import json
@@ -102,8 +103,8 @@ def _line(ts: float, message: str, *, level: str = "INFO", where: str, process: 
 
 
 def _stamp(ts: pl.Expr) -> pl.Expr:
-    """The log stamp of epoch seconds ``ts``, as ``_line`` prints it."""
-    return pl.from_epoch((ts * 1e6).cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
+    """The log stamp of epoch seconds ``ts``, as ``_line`` prints it (both round to the microsecond)."""
+    return pl.from_epoch((ts * 1e6).round().cast(pl.Int64), time_unit="us").dt.strftime("%m-%d %H:%M:%S")
 
 
 # Histogram sums are kept as integers in these units: times are made rounded to the
@@ -666,8 +667,14 @@ class BundleWriter:
         return counts
 
     def abort(self) -> None:
-        """Stop writing after an error: nothing more is asked of the writing thread."""
+        """Stop writing after an error: nothing more is asked of the writing thread, and the
+        files are closed as they are (a closed gzip part ends cleanly, however short)."""
         self.sink._pool.shutdown(wait=True, cancel_futures=True)
+        for files in self.files:
+            for handle in (files.trace, files.rotated, files.live):
+                # the error being raised already says what went wrong
+                with contextlib.suppress(OSError):
+                    handle.close()
 
 
 __all__ = ["BundleWriter", "kv_metrics_line"]
