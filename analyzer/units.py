@@ -58,6 +58,10 @@ _DURATION_FACTORS: dict[str, float] = {
 
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµμ]*)\s*$")
 
+# Epoch seconds an input can carry: 2000-01-01 to 2100-01-01 UTC. A time written in
+# milliseconds (or nanoseconds) is a reject, not a date thousands of years away.
+EPOCH_RANGE = (946_684_800.0, 4_102_444_800.0)
+
 
 def _split(text: str, what: str) -> tuple[float, str]:
     match = _QUANTITY.match(text.replace("_", "").replace(",", ""))

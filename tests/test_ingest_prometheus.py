@@ -122,6 +122,21 @@ def test_sample_timestamps_in_either_unit_and_several_scrapes_in_one_file(tmp_pa
     assert rows(tmp_path / "s", "SELECT count(*) FROM rejects") == [(0,)]
 
 
+def test_a_sample_stamped_in_nanoseconds_is_a_reject_and_the_rest_is_read(tmp_path):
+    bad = (
+        'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 1.0 1776765610000000000\n'
+        'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 1.0\n'
+    )
+    put(tmp_path / "in" / "p" / "metrics.prom", bad, T0)
+    put(tmp_path / "in" / "q" / "metrics.prom", scrape(FIRST), T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects") == [
+        (1, "sample timestamp out of range (epoch milliseconds expected)")
+    ]
+    folders = "SELECT count(DISTINCT regexp_extract(instance, '[^/]+$')) FROM prom_samples"
+    assert rows(tmp_path / "s", folders) == [(2,)]
+
+
 def test_label_values_keep_their_characters(tmp_path):
     line = 'vllm:nixl_num_failed_transfers_total{engine="0",model_name="caf\u00e9 \\"q\\" a\\\\b"} 1\n'
     text = "# TYPE vllm:nixl_num_failed_transfers counter\n" + line * 2

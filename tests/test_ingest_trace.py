@@ -59,6 +59,55 @@ def test_ingest_counts_and_query(tmp_path):
     assert status["notes.txt"] == "unrecognised"
 
 
+def test_values_no_deployment_has_are_rejects(tmp_path):
+    from hybridtrace.ingest.trace import fast_parse
+
+    good = [r for r in transfer_records(2) if r["type"] == "transfer"]
+    bad = [
+        {**good[0], "ts": good[0]["ts"] * 1000},  # milliseconds
+        {**good[0], "ts": 1e300},
+        {**good[0], "bytes": -1},
+        {**good[0], "post_s": -0.001},
+        {**good[0], "xfer_s": -0.5},
+    ]
+    # the bulk checks send every one of them to the careful path, which says what is wrong
+    def lines(records: list[dict]) -> bytes:
+        return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+    assert fast_parse(lines(good), 1, len(good), "s") is not None
+    for record in bad:
+        assert fast_parse(lines([*good, record]), 1, len(good) + 1, "s") is None
+    write_jsonl(tmp_path / "in" / "d" / "trace.jsonl", [*good, *bad])
+    ingest([tmp_path / "in"], tmp_path / "store")
+    con = Store(tmp_path / "store").connect()
+    assert con.sql("SELECT count(*) FROM transfers").fetchall() == [(len(good),)]
+    reasons = [r for (r,) in con.sql("SELECT reason FROM rejects ORDER BY line_number").fetchall()]
+    assert reasons == [
+        f"ts (epoch seconds) out of range: {bad[0]['ts']:.1f}",
+        "ts (epoch seconds) out of range: 1e+300",
+        "bytes out of range: -1",
+        "post_s out of range: -0.001",
+        "xfer_s out of range: -0.5",
+    ]
+
+
+def test_a_trace_that_starts_with_a_cut_record_is_still_a_trace(tmp_path):
+    records = [json.dumps(r) for r in transfer_records(2)]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    cut = records[0][len(records[0]) // 2 :]
+    (folder / "trace.jsonl.1").write_text("\n".join([cut, '{"type": "header", "v": 1}', *records[1:]]) + "\n")
+    ingest([folder], tmp_path / "store")
+    con = Store(tmp_path / "store").connect()
+    assert con.sql("SELECT line_number, reason FROM rejects ORDER BY 1").fetchall() == [
+        (1, "not valid JSON"),
+        (2, "unknown record type header"),
+    ]
+    assert con.sql("SELECT count(*) FROM transfers").fetchall()[0][0] + con.sql(
+        "SELECT count(*) FROM requests"
+    ).fetchall()[0][0] == len(records) - 1
+
+
 def test_rerun_skips_unchanged_and_appends_are_read_once(tmp_path):
     data = bundle(tmp_path / "in", n=10)
     store = tmp_path / "store"

@@ -292,12 +292,42 @@ def test_tp_size_from_the_transfer_plan_or_from_worker_names(tmp_path):
     write(tmp_path / "in" / "planned" / "vllm.log", vllm_line(plan) + "\n")
     # only rank 0 spoke, but vLLM names workers Worker_TP<r> only at TP 2 or more
     write(tmp_path / "in" / "named" / "vllm.log", vllm_line("Detected kv cache layout HND") + "\n")
+    # ranks after the TP rank in the name (expert parallelism): Worker_TP<r>_EP<e>
+    expert = [
+        vllm_line("Detected kv cache layout HND", process=f"Worker_TP{r}_EP{r} pid={305 + r}") for r in (0, 2)
+    ]
+    write(tmp_path / "in" / "expert" / "vllm.log", "\n".join(expert) + "\n")
     ingest([tmp_path / "in"], tmp_path / "s")
     # worker names give a lower bound, a transfer plan the size: the engine's is the largest
     assert rows(tmp_path / "s", "SELECT engine_id, max(tp_size) FROM engines GROUP BY ALL ORDER BY 1") == [
+        ("expert", 3),
         ("named", 2),
         ("planned", 4),
     ]
+
+
+def test_a_multiconnector_line_takes_the_nixl_connectors_statistics(tmp_path):
+    nixl = (
+        "NixlConnector={'Num successful transfers': 24, 'Avg xfer time (ms)': 12.4, "
+        "'P90 xfer time (ms)': 15.871, 'Avg post time (ms)': 0.942, 'P90 post time (ms)': 1.307, "
+        "'Avg MB per transfer': 55.922, "
+        "'Throughput (MB/s)': 4509.829, 'Avg number of descriptors': 2496.0}"
+    )
+    offload = "OffloadingConnector={'CPU_to_GPU_total_bytes': 1048576, 'CPU_to_GPU_total_time': 0.01}"
+    bodies = [f"{nixl}, {offload}", f"{offload}, {nixl}", f"{offload}, {offload.replace('Off', 'Other')}"]
+    lines = [
+        vllm_line(f"KV Transfer metrics: {body}", stamp=f"04-21 10:0{5 + i}:51", where="metrics.py:103",
+                  process="APIServer pid=1")
+        for i, body in enumerate(bodies)
+    ]  # fmt: skip
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT transfers, avg_descriptors FROM intervals ORDER BY end_ts") == [
+        (24, 2496.0),
+        (24, 2496.0),
+    ]
+    # no NIXL statistics in the line at all: a reject, not a silent skip
+    assert rows(tmp_path / "s", "SELECT line_number FROM rejects") == [(3,)]
 
 
 def test_two_engines_logged_in_one_second_keep_their_intervals(tmp_path):

@@ -19,6 +19,8 @@ import math
 import re
 from datetime import UTC, datetime
 
+from hybridtrace.units import EPOCH_RANGE
+
 RAW_LIMIT = 512
 KEEP_PREFIXES = ("vllm:nixl_", "vllm:prompt_tokens_by_source", "agent_")
 
@@ -101,6 +103,10 @@ def parse_snapshot(
         if not metric.startswith(KEEP_PREFIXES):
             continue
         own = _stamp(match.group("ts")) if match.group("ts") else None
+        if own is not None and not EPOCH_RANGE[0] <= own <= EPOCH_RANGE[1]:
+            reason = "sample timestamp out of range (epoch milliseconds expected)"
+            rejects.append({"line_number": number, "reason": reason, "raw": text[:RAW_LIMIT]})
+            continue
         if own is not None:
             stamped.append(own)
         le = labels.pop("le", None)

@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from hybridtrace.schema import table_schema
+from hybridtrace.units import EPOCH_RANGE
 
 RAW_LIMIT = 512
 
@@ -81,6 +82,18 @@ RECORD_TYPES = {
     "request": ("requests", _REQUEST),
     "engine": ("engines", _ENGINE),
 }
+def _epoch() -> tuple[str, str, pl.Expr]:
+    low, high = EPOCH_RANGE
+    return ("ts", f"ts BETWEEN {low} AND {high}", pl.col("ts").is_null() | pl.col("ts").is_between(low, high))
+
+
+def _not_negative(*fields: tuple[str, str]) -> tuple[tuple[str, str, pl.Expr], ...]:
+    """Counts, bytes and times below zero: (trace field, column) pairs; a missing value passes."""
+    return tuple(
+        (name, f"{column} >= 0", pl.col(name).is_null() | (pl.col(name) >= 0)) for name, column in fields
+    )
+
+
 # Values a field's type allows but a deployment cannot have, per record type:
 # (trace field, SQL condition on table columns, polars condition on trace fields). A
 # TP size below 1 or a rank outside its TP would divide by zero or count a rank twice.
@@ -91,8 +104,17 @@ _RANGES = {
         ("rank", "rank BETWEEN 0 AND tp_size - 1", pl.col("rank").is_between(0, pl.col("tp_size") - 1)),
         ("remote_rank", "remote_rank BETWEEN 0 AND remote_tp_size - 1",
          pl.col("remote_rank").is_between(0, pl.col("remote_tp_size") - 1)),
+        _epoch(),
+        *_not_negative(("post_s", "post_s"), ("xfer_s", "xfer_s"), ("bytes", "transported_bytes"),
+                       ("descriptors", "descriptors"), ("staging_bytes", "staging_bytes")),
     ),
-    "engine": (("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1),),
+    "request": (
+        _epoch(),
+        *_not_negative(*((name, name) for name in (
+            "prompt_tokens", "cached_tokens", "missing_tokens", "transferred_tokens", "reused_tokens",
+            "recomputed_tokens", "state_blocks", "boundary_tokens", "prefill_s"))),
+    ),
+    "engine": (("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1), _epoch()),
 }  # fmt: skip
 _ENUMS = {
     "transfer": {"status": ("ok", "failed", "expired")},
@@ -101,8 +123,14 @@ _ENUMS = {
 }
 
 
-def looks_like_trace(head: bytes) -> bool:
-    """True when the first non-blank line is a v1 trace record."""
+def looks_like_trace(head: bytes, lines: int = 8) -> bool:
+    """True when one of the first ``lines`` non-blank lines is a v1 trace record.
+
+    Not only the first: a rotated or copied trace can begin with the cut end of a record,
+    or with a record type a later version added; those lines become rejects, and the
+    records after them are read.
+    """
+    seen = 0
     for line in head.splitlines():
         line = line.strip()
         if not line:
@@ -110,8 +138,12 @@ def looks_like_trace(head: bytes) -> bool:
         try:
             record = json.loads(line)
         except (ValueError, UnicodeDecodeError):
-            return False
-        return isinstance(record, dict) and record.get("v") == 1 and record.get("type") in RECORD_TYPES
+            record = None
+        if isinstance(record, dict) and record.get("v") == 1 and record.get("type") in RECORD_TYPES:
+            return True
+        seen += 1
+        if seen == lines:
+            break
     return False
 
 
@@ -352,7 +384,8 @@ def _project(
         checks.append(f"WHEN {column} NOT IN ({listing}) THEN 'unknown {column} ' || {column}")
     for name, condition, _ in _RANGES.get(rtype, ()):
         column = next(c for n, c, _, _ in fields if n == name)
-        checks.append(f"WHEN NOT ({condition}) THEN '{name} out of range: ' || {column}")
+        label = "ts (epoch seconds)" if name == "ts" else name
+        checks.append(f"WHEN NOT ({condition}) THEN '{label} out of range: ' || {column}")
     reason = "CASE " + " ".join(checks) + " END"
     con.execute(
         f"""

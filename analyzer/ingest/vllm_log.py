@@ -203,7 +203,8 @@ def _events_frame(
     prefixes = (
         frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.slice(0, 96).unique()
     )
-    ranks = prefixes.str.extract(r"\(\w*_TP(\d+) pid=\d+\)")
+    # vLLM names a worker by its parallel ranks in order: Worker_TP1, Worker_PP1_TP3, Worker_TP1_EP1
+    ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)")
     top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
     frame = frame.with_columns(has_header.alias("has_header"))
@@ -664,12 +665,18 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
 def _kv_pairs(body: str) -> dict | None:
     """``k=v, k=v`` pairs of the standard line, or the dict of a MultiConnector line."""
     pairs: dict[str, str] = {}
-    if re.match(r"^[\w.\-]+=\{", body):  # MultiConnector: <connector>={...}
+    if re.match(r"^[\w.\-]+=\{", body):  # MultiConnector: <connector>={...}, <connector>={...}
         # numpy 2 prints a rounded numpy scalar as np.float64(3.5)
-        inner = _literal_dict(re.sub(r"\bnp\.\w+\(([^()]*)\)", r"\1", body.split("=", 1)[1]))
-        if inner is None:
+        text = re.sub(r"\bnp\.\w+\(([^()]*)\)", r"\1", body)
+        connectors = _literal_dict("{" + re.sub(r"(^|, )([\w.\-]+)=\{", r"\1'\2': {", text) + "}")
+        if connectors is None or not all(isinstance(v, dict) for v in connectors.values()):
             return None
-        pairs = {str(k): str(v) for k, v in inner.items()}
+        # the NIXL connector's statistics: the one dict with its keys (another connector,
+        # such as CPU offloading, reports keys of its own)
+        nixl = [v for v in connectors.values() if any(key in _KV_KEYS for key in v)]
+        if len(nixl) != 1:
+            return None
+        pairs = {str(k): str(v) for k, v in nixl[0].items()}
     else:
         for item in body.split(", "):
             if "=" not in item:
