@@ -125,6 +125,24 @@ def test_raw_traceback_lines_attach_to_the_error(tmp_path):
     assert events[0][1].endswith("ValueError: boom") and "unrelated" not in events[0][1]
 
 
+def test_a_hash_mismatch_in_a_raw_traceback_after_an_info_line_is_kept(tmp_path):
+    text = "\n".join(
+        [
+            vllm_line("Querying metadata on path: tcp://10.0.0.1:5600 at remote tp rank 0"),
+            "(Worker_TP0 pid=305) Traceback (most recent call last):",
+            "(Worker_TP0 pid=305)     raise RuntimeError(",
+            "(Worker_TP0 pid=305) RuntimeError: NIXL compatibility hash mismatch. Local: 9c4e1f0b7a2d53e8, "
+            "Remote: 1a2b3c4d5e6f7a8b. Prefill and decode instances have incompatible configurations.",
+            vllm_line("Detected kv cache layout HND"),
+        ]
+    )
+    write(tmp_path / "in" / "a" / "vllm.log", text + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT kind, details FROM log_events") == [
+        ("handshake_mismatch", '{"local_hash": "9c4e1f0b7a2d53e8", "remote_hash": "1a2b3c4d5e6f7a8b"}')
+    ]
+
+
 def test_old_prefixless_shape_and_k8s_wrapper(tmp_path):
     text = "\n".join(
         [

@@ -114,7 +114,8 @@ _LOAD_RECOVERED = re.compile(
     r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)"
 )
 _POST_SKIPPED = re.compile(r"Skipping KV post-processing for failed request (\S+)")
-_HASH_MISMATCH = re.compile(r"NIXL compatibility hash mismatch\. Local: (\w+),? Remote: (\w+)")
+_MISMATCH_TEXT = "NIXL compatibility hash mismatch"
+_HASH_MISMATCH = re.compile(_MISMATCH_TEXT + r"\. Local: (\w+),? Remote: (\w+)")
 _HASH_OK = re.compile(r"NIXL compatibility check passed \(hash: (\w+)\)")
 _ENGINE_STATS = re.compile(r"^(?:Engine (\d+)|(\d+) Engines Aggregated): (.*)$")
 _BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
@@ -228,6 +229,11 @@ def _events_frame(
         ["WARNING ", "ERROR ", "CRITICAL ", *INTERESTING]
     )
     keep = pl.when(pl.col("starts")).then(first_interesting).forward_fill().fill_null(False)
+    if frame["text"].str.contains(_MISMATCH_TEXT, literal=True).any():
+        # A traceback printed straight to stderr (no header) joins the event before it,
+        # whatever that was: the handshake's hash mismatch is worth keeping wherever it is.
+        mismatch = pl.col("text").str.contains(_MISMATCH_TEXT, literal=True)
+        keep = keep | mismatch.any().over("event")
     frame = frame.filter(keep)
     # The header's fields, then the message as what is left once the header is cut off: a
     # capturing match that has to run to the end of every long line costs three times more.
