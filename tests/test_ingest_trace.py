@@ -108,6 +108,17 @@ def test_a_trace_that_starts_with_a_cut_record_is_still_a_trace(tmp_path):
     ).fetchall()[0][0] == len(records) - 1
 
 
+def test_a_byte_order_mark_before_the_first_record_is_not_a_reject(tmp_path):
+    records = transfer_records(2)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (folder / "trace.jsonl").write_bytes(b"\xef\xbb\xbf" + body)
+    ingest([folder], tmp_path / "store")
+    assert counts(tmp_path / "store")["rejects"] == 0
+    assert counts(tmp_path / "store")["transfers"] + counts(tmp_path / "store")["requests"] == len(records)
+
+
 def test_rerun_skips_unchanged_and_appends_are_read_once(tmp_path):
     data = bundle(tmp_path / "in", n=10)
     store = tmp_path / "store"

@@ -700,6 +700,9 @@ class _ObjectReader:
         if self.fmt == "connector_trace":
             from hybridtrace.ingest.trace import fast_parse, parse_trace
 
+            if lines and first_line == 1 and lines.block.startswith(b"\xef\xbb\xbf"):
+                # a UTF-8 byte-order mark some editors and Windows tools put first
+                lines = _Lines(lines.block[3:], len(lines))
             if lines:
                 tables = fast_parse(lines.block, first_line, len(lines), row["source_id"])
                 if tables is None:  # some line is not clean: the careful path says which
