@@ -159,6 +159,21 @@ def test_old_prefixless_shape_and_k8s_wrapper(tmp_path):
     assert events[0][3] == "x"  # no NIXL engine id in the log: the folder names the instance
 
 
+def test_collector_stamps_with_an_offset_or_no_zone(tmp_path):
+    text = "\n".join(
+        [
+            "2026-05-01T22:45:49.5+02:00 " + vllm_line("offset", level="ERROR", stamp="05-01 22:45:49"),
+            "2026-05-01 22:45:59.25 | " + vllm_line("no zone", level="ERROR", stamp="05-01 22:45:59"),
+            "2026-05-01T20:46:09Z " + vllm_line("utc", level="ERROR", stamp="05-01 22:46:09"),
+        ]
+    )
+    write(tmp_path / "in" / "x" / "vllm.log", text + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", tz="Europe/Berlin")  # UTC+2 in May
+    stamps = rows(tmp_path / "s", "SELECT ts FROM log_events ORDER BY line_number")
+    utc = [(20, 45, 49, 500000), (20, 45, 59, 250000), (20, 46, 9, 0)]
+    assert stamps == [(pytest.approx(datetime(2026, 5, 1, *t, tzinfo=UTC).timestamp()),) for t in utc]
+
+
 def test_rotated_gzip_copy_and_growing_log(tmp_path):
     log = write(tmp_path / "in" / "d" / "vllm.log", decode_log())
     ingest([tmp_path / "in"], tmp_path / "s")

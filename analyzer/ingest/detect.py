@@ -13,11 +13,15 @@ import zlib
 
 from hybridtrace.ingest.trace import looks_like_trace
 
+# The time stamp a log collector may put before a line: RFC 3339 (kubectl --timestamps
+# writes "...Z", others an offset), or "date time" with no zone (the log's --tz).
+COLLECTOR_STAMP = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+
 # "(Worker_TP1 pid=306) INFO 04-21 10:02:11 [worker.py:367] ..." with or without the
 # process prefix, the opening bracket, or ANSI colour.
 _VLLM_LINE = re.compile(
-    # a log collector may put its own time stamp first (RFC 3339, or "date time | ")
-    rb"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
+    # after a collector's stamp, then " | " or a space
+    rb"^(?:" + COLLECTOR_STAMP.encode() + rb"(?: \| | ))?"
     rb"(?:\x1b\[[0-9;]*m)?(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\)(?:\x1b\[[0-9;]*m)? )?"
     rb"(?:\x1b\[[0-9;]*m)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?:\x1b\[[0-9;]*m)? "
     rb"(?:\x1b\[[0-9;]*m)?\d\d-\d\d \d\d:\d\d:\d\d",

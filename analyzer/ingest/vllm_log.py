@@ -25,12 +25,14 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 
+from hybridtrace.ingest.detect import COLLECTOR_STAMP
+
 MESSAGE_LIMIT = 4096
 RAW_LIMIT = 512
 
 _ANSI = r"\x1b\[[0-9;]*m"
 _HEADER = (
-    r"^(?:(?P<wrap>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?)(?: \| | ))?"
+    r"^(?:(?P<wrap>" + COLLECTOR_STAMP + r")(?: \| | ))?"
     r"(?:\((?P<process>[A-Za-z][\w]*(?: rank=\d+)?) pid=(?P<pid>\d+)\) )?"
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"\[?(?P<file>[^\s:\]]+):(?P<lineno>\d+)\] ?(?P<msg>.*)$"
@@ -39,12 +41,12 @@ _HEADER = (
 _HEADER_FIELDS = _HEADER[: _HEADER.index(r"\] ?(?P<msg>")] + r"\] ?"
 # The header without captures: much cheaper to test on every line.
 _HEADER_TEST = (
-    r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
+    r"^(?:" + COLLECTOR_STAMP + r"(?: \| | ))?"
     r"(?:\([A-Za-z]\w*(?: rank=\d+)? pid=\d+\) )?"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[^\s:\]]+:\d+\]"
 )
 _PROCESS_PREFIX = (
-    r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?Z?(?: \| | ))?"
+    r"^(?:" + COLLECTOR_STAMP + r"(?: \| | ))?"
     r"(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\) )?"
 )
 _TRACEBACK_LIKE = (
@@ -326,13 +328,19 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         ctx.tz, ambiguous=pl.lit(ambiguous) if isinstance(ambiguous, pl.Series) else ambiguous,
         non_existent="null",
     ).dt.convert_time_zone("UTC")
-    wrapped = (
-        pl.col("wrap")
-        .str.replace(" ", "T")
-        .str.strip_suffix("Z")
-        .str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False)
-        .dt.replace_time_zone("UTC")
+    # A collector's stamp carries its year; its zone when it says one, else the log's.
+    wrap = pl.col("wrap").str.replace(" ", "T")
+    zoned = (
+        wrap.str.replace(r"Z$", "+00:00")
+        .str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%z", strict=False)
+        .dt.convert_time_zone("UTC")
     )
+    naive = (
+        wrap.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False)
+        .dt.replace_time_zone(ctx.tz, ambiguous="earliest", non_existent="null")
+        .dt.convert_time_zone("UTC")
+    )
+    wrapped = pl.when(wrap.str.contains(r"(?:Z|[+-]\d\d:?\d\d)$")).then(zoned).otherwise(naive)
     out = events.with_columns(
         (pl.coalesce(wrapped, stamped).dt.epoch("us") / 1e6).alias("ts"),
         pl.coalesce(pl.col("wrap"), pl.format("{} {}", pl.col("md"), pl.col("hms"))).alias("stamp"),
