@@ -174,6 +174,21 @@ def test_collector_stamps_with_an_offset_or_no_zone(tmp_path):
     assert stamps == [(pytest.approx(datetime(2026, 5, 1, *t, tzinfo=UTC).timestamp()),) for t in utc]
 
 
+def test_a_log_written_with_vllm_logging_prefix(tmp_path):
+    expired = (
+        "Releasing expired KV blocks for request r1 which were retrieved by 0 remote worker(s) "
+        "before lease expired."
+    )
+    worker = vllm_line(expired, level="WARNING", process="Worker_TP1 pid=306")
+    lines = [
+        vllm_line("Initializing NIXL worker d-7").replace(" INFO ", " [decode-0] INFO "),
+        worker.replace(" WARNING ", " [d0] WARNING "),
+    ]
+    write(tmp_path / "in" / "x" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT engine_id, kind, rank FROM log_events") == [("d-7", "kv_expired", 1)]
+
+
 def test_rotated_gzip_copy_and_growing_log(tmp_path):
     log = write(tmp_path / "in" / "d" / "vllm.log", decode_log())
     ingest([tmp_path / "in"], tmp_path / "s")

@@ -17,12 +17,16 @@ from hybridtrace.ingest.trace import looks_like_trace
 # writes "...Z", others an offset), or "date time" with no zone (the log's --tz).
 COLLECTOR_STAMP = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 
+# What VLLM_LOGGING_PREFIX puts before the level ("[decode-0] "): one short word.
+LOGGING_PREFIX = r"[^\s(\x1b]\S{0,63}"
+
 # "(Worker_TP1 pid=306) INFO 04-21 10:02:11 [worker.py:367] ..." with or without the
 # process prefix, the opening bracket, or ANSI colour.
 _VLLM_LINE = re.compile(
     # after a collector's stamp, then " | " or a space
     rb"^(?:" + COLLECTOR_STAMP.encode() + rb"(?: \| | ))?"
     rb"(?:\x1b\[[0-9;]*m)?(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\)(?:\x1b\[[0-9;]*m)? )?"
+    rb"(?:" + LOGGING_PREFIX.encode() + rb" )?"
     rb"(?:\x1b\[[0-9;]*m)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?:\x1b\[[0-9;]*m)? "
     rb"(?:\x1b\[[0-9;]*m)?\d\d-\d\d \d\d:\d\d:\d\d",
     re.MULTILINE,

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 
 import polars as pl
 
-from hybridtrace.ingest.detect import COLLECTOR_STAMP
+from hybridtrace.ingest.detect import COLLECTOR_STAMP, LOGGING_PREFIX
 
 MESSAGE_LIMIT = 4096
 RAW_LIMIT = 512
@@ -34,6 +34,7 @@ _ANSI = r"\x1b\[[0-9;]*m"
 _HEADER = (
     r"^(?:(?P<wrap>" + COLLECTOR_STAMP + r")(?: \| | ))?"
     r"(?:\((?P<process>[A-Za-z][\w]*(?: rank=\d+)?) pid=(?P<pid>\d+)\) )?"
+    r"(?:" + LOGGING_PREFIX + r" )?"
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
     r"\[?(?P<file>[^\s:\]]+):(?P<lineno>\d+)\] ?(?P<msg>.*)$"
 )
@@ -43,6 +44,7 @@ _HEADER_FIELDS = _HEADER[: _HEADER.index(r"\] ?(?P<msg>")] + r"\] ?"
 _HEADER_TEST = (
     r"^(?:" + COLLECTOR_STAMP + r"(?: \| | ))?"
     r"(?:\([A-Za-z]\w*(?: rank=\d+)? pid=\d+\) )?"
+    r"(?:" + LOGGING_PREFIX + r" )?"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[^\s:\]]+:\d+\]"
 )
 _PROCESS_PREFIX = (
