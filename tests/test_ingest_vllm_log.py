@@ -345,11 +345,25 @@ def test_tp_size_from_the_transfer_plan_or_from_worker_names(tmp_path):
         vllm_line("Detected kv cache layout HND", process=f"Worker_TP{r}_EP{r} pid={305 + r}") for r in (0, 2)
     ]
     write(tmp_path / "in" / "expert" / "vllm.log", "\n".join(expert) + "\n")
+    # the engine core runs the NIXL worker itself only without TP
+    write(tmp_path / "in" / "core" / "vllm.log",
+          vllm_line("Initializing NIXL worker c-1", process="EngineCore_DP0 pid=212") + "\n")
+    hetero = ("Created HeteroTPTransferConfig(tp_ratio=-2, K=8, d_tp=4, p_tp=8, d_rank=0, "
+              "physical_fa_reads=2, mamba_reads=2, fa_targets=[0, 1], transfer_targets=[0, 1])")
+    write(tmp_path / "in" / "hetero" / "vllm.log", vllm_line(hetero) + "\n")
+    mamba_plan = "Transfer plan: TransferTopology.mamba(tp_ratio=1, local_tp=8, remote_tp=8, fa_reads=1)"
+    write(tmp_path / "in" / "mamba" / "vllm.log", vllm_line(mamba_plan) + "\n")
+    write(tmp_path / "in" / "old" / "vllm.log",
+          vllm_line("Detected kv cache layout HND", process="VllmWorker rank=2 pid=4242") + "\n")
     ingest([tmp_path / "in"], tmp_path / "s")
     # worker names give a lower bound, a transfer plan the size: the engine's is the largest
     assert rows(tmp_path / "s", "SELECT engine_id, max(tp_size) FROM engines GROUP BY ALL ORDER BY 1") == [
+        ("c-1", 1),
         ("expert", 3),
+        ("hetero", 4),
+        ("mamba", 8),
         ("named", 2),
+        ("old", 3),
         ("planned", 4),
     ]
 

@@ -79,7 +79,8 @@ INTERESTING = (
     "NIXL transfer failure:",
     "KV load failure",
     "Skipping KV post-processing",
-    "Transfer plan: TransferTopology(",
+    "Transfer plan: TransferTopology",
+    "Created HeteroTPTransferConfig(",
 )
 
 _KV_KEYS = {
@@ -132,7 +133,12 @@ _REGISTER = re.compile(
     r"Registering KV_Caches\. use_mla: (\w+), kv_buffer_device: (\w+), use_host_buffer: (\w+)"
 )
 _LAYOUT = re.compile(r"Detected kv cache layout (\w+)")
-_TOPOLOGY = re.compile(r"Transfer plan: TransferTopology\(.*\blocal_tp=(\d+)")
+# The local TP size a decode worker states: the transfer plan (any variant, such as
+# TransferTopology.mamba), or the hetero-TP config of the worker.py era (the reader is D).
+_TOPOLOGY = re.compile(
+    r"Transfer plan: TransferTopology(?:\.\w+)?\(.*\blocal_tp=(\d+)"
+    r"|Created HeteroTPTransferConfig\(.*\bd_tp=(\d+)"
+)
 _RANK = re.compile(r"_TP(\d+)|rank=(\d+)")
 
 
@@ -206,10 +212,15 @@ def _events_frame(
     # The worker names of the process prefixes (within a line's first 96 characters, after
     # any collector stamp): a few distinct prefixes, parsed once each.
     prefixes = (
-        frame.filter(pl.col("text").str.contains("_TP", literal=True))["text"].str.slice(0, 96).unique()
+        frame.filter(pl.col("text").str.contains_any(["_TP", "VllmWorker rank="]))["text"]
+        .str.slice(0, 96)
+        .unique()
     )
-    # vLLM names a worker by its parallel ranks in order: Worker_TP1, Worker_PP1_TP3, Worker_TP1_EP1
-    ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)")
+    # vLLM names a worker by its parallel ranks in order (Worker_TP1, Worker_PP1_TP3,
+    # Worker_TP1_EP1); older versions VllmWorker rank=1
+    ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)").fill_null(
+        prefixes.str.extract(r"\(VllmWorker rank=(\d+) pid=\d+\)")
+    )
     top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
     frame = frame.with_columns(has_header.alias("has_header"))
@@ -595,12 +606,17 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
 
     engine = result.engine
     if match := _TOPOLOGY.search(message):
-        ctx.logged_tp = engine["tp_size"] = int(match.group(1))
+        ctx.logged_tp = engine["tp_size"] = int(match.group(1) or match.group(2))
         engine.setdefault("ts", ts)
         return
     if match := _ENGINE_ID.search(message):
         engine.setdefault("engine_id", match.group(1))
         engine.setdefault("ts", ts)
+        if (
+            message.startswith("Initializing NIXL worker") and (process or "").startswith("EngineCore")
+            and ctx.logged_tp is None and ctx.max_tp_rank is None
+        ):  # fmt: skip
+            engine["tp_size"] = 1  # the engine core runs the worker itself only without TP
         return
     if message.startswith("KV Transfer metrics:"):
         body = message[len("KV Transfer metrics:") :].strip()
