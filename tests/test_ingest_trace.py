@@ -96,16 +96,19 @@ def test_a_trace_that_starts_with_a_cut_record_is_still_a_trace(tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
     cut = records[0][len(records[0]) // 2 :]
-    (folder / "trace.jsonl.1").write_text("\n".join([cut, '{"type": "header", "v": 1}', *records[1:]]) + "\n")
+    text_version = records[1].replace('"v": 1', '"v": "1"')
+    lines = [cut, '{"type": "header", "v": 1}', text_version, *records[2:]]
+    (folder / "trace.jsonl.1").write_text("\n".join(lines) + "\n")
     ingest([folder], tmp_path / "store")
     con = Store(tmp_path / "store").connect()
     assert con.sql("SELECT line_number, reason FROM rejects ORDER BY 1").fetchall() == [
         (1, "not valid JSON"),
         (2, "unknown record type header"),
+        (3, 'unsupported trace version "1"'),
     ]
     assert con.sql("SELECT count(*) FROM transfers").fetchall()[0][0] + con.sql(
         "SELECT count(*) FROM requests"
-    ).fetchall()[0][0] == len(records) - 1
+    ).fetchall()[0][0] == len(records) - 2
 
 
 def test_a_byte_order_mark_before_the_first_record_is_not_a_reject(tmp_path):

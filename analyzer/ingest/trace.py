@@ -317,7 +317,9 @@ def _lines_table(lines: list[bytes], first_line: int) -> pa.Table:
     )
 
 
-_VALID = "text IS NOT NULL AND j.type IN ('transfer', 'request', 'engine') AND TRY_CAST(j.v AS DOUBLE) = 1"
+# "v" is the number 1 (the fast path reads it as an integer; "1" as text is not v1)
+_V1 = f"(json_type(j.v) IN {_NUMBER} AND TRY_CAST(j.v AS DOUBLE) = 1)"
+_VALID = f"text IS NOT NULL AND j.type IN ('transfer', 'request', 'engine') AND {_V1}"
 
 
 def parse_trace(
@@ -347,7 +349,7 @@ def parse_trace(
                             WHEN j IS NULL OR NOT json_valid(text) THEN 'not valid JSON'
                             WHEN json_type(text) <> 'OBJECT' THEN 'not a JSON object'
                             WHEN j.v IS NULL THEN 'no "v" field'
-                            WHEN TRY_CAST(j.v AS DOUBLE) IS DISTINCT FROM 1
+                            WHEN NOT {_V1}
                                  THEN 'unsupported trace version ' || CAST(j.v AS VARCHAR)
                             WHEN j.type IS NULL THEN 'no "type" field'
                             ELSE 'unknown record type ' || j.type
