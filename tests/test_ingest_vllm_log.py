@@ -520,3 +520,16 @@ def test_one_engine_behind_an_external_load_balancer_is_an_ordinary_engine(tmp_p
     ingest([tmp_path / "in"], tmp_path / "s")
     assert rows(tmp_path / "s", "SELECT DISTINCT engine_id FROM log_events") == [("pfx_dp0",)]
     assert rows(tmp_path / "s", "SELECT engine_id, tp_size FROM engines") == [("pfx_dp0", 1)]
+
+
+def test_zone_less_collector_stamps_in_the_repeated_hour_follow_the_lines_own_pass(tmp_path):
+    # Berlin's clocks go back at 03:00 on 2026-10-25: 02:10 after 02:50 is the second pass
+    walls = ["01:50:00", "02:30:00", "02:50:00", "02:10:00", "02:40:00", "03:10:00"]
+    line = "Detected kv cache layout HND"
+    lines = [f"2026-10-25 {w}.000 | " + vllm_line(line, level="WARNING", stamp=f"10-25 {w}") for w in walls]
+    after = datetime(2026, 10, 26, tzinfo=UTC)
+    write(tmp_path / "in" / "b" / "vllm.log", "\n".join(lines) + "\n", mtime=after)
+    ingest([tmp_path / "in"], tmp_path / "s", tz="Europe/Berlin")
+    got = [datetime.fromtimestamp(ts, UTC).strftime("%H:%M") for (ts,) in
+           rows(tmp_path / "s", "SELECT ts FROM log_events ORDER BY line_number")]  # fmt: skip
+    assert got == ["23:50", "00:30", "00:50", "01:10", "01:40", "02:10"]

@@ -340,10 +340,9 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         if value is not None and (latest is None or value > latest):
             ctx.latest_local = value
     ambiguous = pl.Series("ambiguous", flags, dtype=pl.String) if flags else "earliest"
-    stamped = local.dt.replace_time_zone(
-        ctx.tz, ambiguous=pl.lit(ambiguous) if isinstance(ambiguous, pl.Series) else ambiguous,
-        non_existent="null",
-    ).dt.convert_time_zone("UTC")
+    which = pl.lit(ambiguous) if isinstance(ambiguous, pl.Series) else ambiguous
+    stamped = local.dt.replace_time_zone(ctx.tz, ambiguous=which, non_existent="null")
+    stamped = stamped.dt.convert_time_zone("UTC")
     # A collector's stamp carries its year; its zone when it says one, else the log's.
     wrap = pl.col("wrap").str.replace(" ", "T")
     zoned = (
@@ -351,9 +350,9 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
         .str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%z", strict=False)
         .dt.convert_time_zone("UTC")
     )
-    naive = (
+    naive = (  # in the repeated hour, the same pass as the line's own stamp
         wrap.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False)
-        .dt.replace_time_zone(ctx.tz, ambiguous="earliest", non_existent="null")
+        .dt.replace_time_zone(ctx.tz, ambiguous=which, non_existent="null")
         .dt.convert_time_zone("UTC")
     )
     wrapped = pl.when(wrap.str.contains(r"(?:Z|[+-]\d\d:?\d\d)$")).then(zoned).otherwise(naive)
