@@ -22,27 +22,3 @@ FROM (
     WHERE format = 'vllm_log' AND engine_id IS NOT NULL
 )
 GROUP BY instance, folder;
-
--- _instance_dp_engines: the data-parallel engines a folder's log serves, by DP rank.
---
--- One vLLM server with data parallelism logs several engines into one log, and labels
--- its Prometheus series engine="<rank>": the log's engines rows carry each engine's rank
--- (engines.dp_rank). Only a folder whose logs name two engines or more is such a server
--- (one engine of rank 3, served alone behind an external load balancer, is an ordinary
--- engine). A rank named twice (a restart under another id) keeps the newest id.
---
--- Columns:
---   instance    path of the folder holding the log
---   dp_rank     the DP rank (vLLM's engine label)
---   engine_id   the NIXL engine id of that rank
-CREATE OR REPLACE VIEW _instance_dp_engines AS
-WITH ranked AS (
-    SELECT regexp_extract(s.uri, '^(.*)/[^/]+$', 1) AS instance, e.dp_rank, e.engine_id, e.ts
-    FROM _engines_as_read e
-    JOIN sources s USING (source_id)
-    WHERE e.source_kind = 'log' AND e.dp_rank IS NOT NULL
-)
-SELECT instance, dp_rank, arg_max(engine_id, ts) AS engine_id
-FROM ranked
-WHERE instance IN (SELECT instance FROM ranked GROUP BY instance HAVING count(DISTINCT engine_id) > 1)
-GROUP BY instance, dp_rank;

@@ -10,7 +10,7 @@
 -- Columns (as documented in docs/tables.md for `intervals`):
 --   start_ts, end_ts       the interval (previous scrape or log line → this one), epoch s
 --   engine_id              engine, resolved through _instance_engines for scrapes (and
---                          _instance_dp_engines, by vLLM's engine label, for DP engines)
+--                          vLLM's engine label, with data-parallel engines <id>_dp<n>)
 --   source_kind            'log' or 'prometheus'
 --   process                logging process, or 'engine=<index>' for scrapes
 --   transfers              successful rank-level transfers completed in the interval
@@ -101,7 +101,10 @@ WITH per_scrape AS (
 SELECT
     s.prev_ts AS start_ts,
     s.ts AS end_ts,
-    coalesce(dp.engine_id, e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
+    -- a folder of data-parallel engines (<id>_dp<n>): vLLM's engine label is the DP index
+    CASE WHEN regexp_matches(e.engine_id, '_dp\d+$') AND regexp_matches(s.engine_label, '^\d+$')
+         THEN regexp_replace(e.engine_id, '_dp\d+$', '') || '_dp' || CAST(s.engine_label AS INTEGER)
+         ELSE coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) END AS engine_id,
     'prometheus' AS source_kind,
     'engine=' || coalesce(s.engine_label, '') AS process,
     CAST(s.n AS BIGINT) AS transfers,
@@ -122,9 +125,6 @@ FROM per_scrape s
 -- an instance is a path; a store written before paths were kept has the folder's name
 LEFT JOIN _instance_engines e
   ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance)
--- a folder of data-parallel engines: vLLM's engine label is the DP rank
-LEFT JOIN _instance_dp_engines dp
-  ON dp.instance = s.instance AND CAST(dp.dp_rank AS VARCHAR) = s.engine_label
 LEFT JOIN _prom_p90 x
   ON x.instance = s.instance AND x.ts = s.ts AND x.engine_label IS NOT DISTINCT FROM s.engine_label
  AND x.model_name IS NOT DISTINCT FROM s.model_name AND x.family = 'vllm:nixl_xfer_time_seconds'

@@ -486,42 +486,6 @@ def test_a_log_of_data_parallel_engines_files_each_row_under_its_engine(tmp_path
     ]
 
 
-def test_data_parallel_engines_are_known_again_when_a_read_resumes(tmp_path):
-    stats = "Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 412.7 tokens/s, Running: 12 reqs"
-    kv = "KV Transfer metrics: Num successful transfers=24, Avg xfer time (ms)=12.4"
-    head = [vllm_line(f"Initializing NIXL Scheduler pfx_dp{d}", process=f"EngineCore_DP{d} pid={212 + d}")
-            for d in (0, 1)]  # fmt: skip
-    log = tmp_path / "in" / "dec" / "vllm.log"
-    write(log, "\n".join(head) + "\n")
-    ingest([tmp_path / "in"], tmp_path / "s")
-    api = {"process": "APIServer pid=1", "stamp": "04-21 10:04:00"}
-    tail = [vllm_line(f"Engine 001: {stats}", **api), vllm_line(kv, where="metrics.py:103", **api)]
-    with open(log, "a") as handle:
-        handle.write("\n".join(tail) + "\n")
-    ingest([tmp_path / "in"], tmp_path / "s")
-    assert rows(tmp_path / "s", "SELECT engine_id, engine_index FROM intervals") == [("pfx_dp1", 1)]
-    assert rows(tmp_path / "s", "SELECT DISTINCT engine_id, dp_rank FROM engines ORDER BY 1") == [
-        ("pfx_dp0", 0),
-        ("pfx_dp1", 1),
-    ]
-
-
-def test_one_engine_behind_an_external_load_balancer_is_an_ordinary_engine(tmp_path):
-    # `--data-parallel-rank 3` alone: processes say DP3 and the API server "Engine 003", but
-    # vLLM names the engine by its local rank, pfx_dp0, and it is the only one
-    context = "{'failure_type': 'transfer_failed', 'request_id': 'r9', 'engine_id': 'pfx_dp0'}"
-    lines = [
-        vllm_line("Initializing NIXL worker pfx_dp0", process="EngineCore_DP3 pid=212"),
-        vllm_line(f"NIXL transfer failure: transfer_failed | Context: {context}", level="ERROR",
-                  process="EngineCore_DP3 pid=212", stamp="04-21 10:03:00"),
-        vllm_line("Engine 003: Avg prompt throughput: 0.0 tokens/s", process="APIServer pid=1"),
-    ]
-    write(tmp_path / "in" / "dec" / "vllm.log", "\n".join(lines) + "\n")
-    ingest([tmp_path / "in"], tmp_path / "s")
-    assert rows(tmp_path / "s", "SELECT DISTINCT engine_id FROM log_events") == [("pfx_dp0",)]
-    assert rows(tmp_path / "s", "SELECT engine_id, tp_size FROM engines") == [("pfx_dp0", 1)]
-
-
 def test_zone_less_collector_stamps_in_the_repeated_hour_follow_the_lines_own_pass(tmp_path):
     # Berlin's clocks go back at 03:00 on 2026-10-25: 02:10 after 02:50 is the second pass
     walls = ["01:50:00", "02:30:00", "02:50:00", "02:10:00", "02:40:00", "03:10:00"]

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 # over unchanged input opens nothing, and should not pay for loading them either.
 
 HEAD_BYTES = 64 * 1024
-# where a resumed log read looks for the startup lines that name its engines
-STARTUP_BYTES = 8 << 20
 FINGERPRINT_BYTES = 4096
 CHUNK_BYTES = int(os.environ.get("HYBRIDTRACE_CHUNK_BYTES", str(32 << 20)))
 BATCH_ROWS = int(os.environ.get("HYBRIDTRACE_BATCH_ROWS", "200000"))
@@ -746,10 +744,8 @@ class _ObjectReader:
             )
             if first_line > 1 and self.obj.local is not None:
                 # a read resumed mid-file decides the TTY shape as the first read did, from
-                # the file's head, not from the few lines appended since; and learns the
-                # data-parallel engines from the startup lines there
+                # the file's head, not from the few lines appended since
                 self.log_ctx.tty = _tty_shape(self.obj.local)
-                vllm_log.learn_dp_ids(self.log_ctx, _head_of(self.obj.local, STARTUP_BYTES))
             self.log_ctx.resume_ts = self.resume_ts
         series, bad = _decode_series(lines, first_line)
         if bad:
@@ -768,9 +764,8 @@ class _ObjectReader:
         from hybridtrace.ingest import vllm_log
 
         sid = row["source_id"]
-        ctx = self.log_ctx
-        data_parallel = vllm_log.serves_data_parallel(ctx)
-        served = {engine_id, *ctx.dp_ids.values()} if data_parallel else {engine_id}
+        data_parallel = vllm_log.serves_data_parallel(engine_id)
+        served = {engine_id}  # the engines this log's rows belong to
         events = _event_table(result)
         if events is not None:
             # The hash names the event by what the log says, not by where it was read, so
@@ -782,12 +777,13 @@ class _ObjectReader:
             owners = [engine_id] * hashed.num_rows
             if data_parallel:  # several engines in one log: each row to its own
                 owners = [
-                    vllm_log.dp_engine_id(ctx, engine_id, process, *_engine_hints(kind, details))
+                    vllm_log.dp_engine_id(engine_id, process, _stats_index(kind, details))
                     for process, kind, details in zip(
                         hashed["process"].to_pylist(), hashed["kind"].to_pylist(),
                         hashed["details"].to_pylist(), strict=True,
                     )
                 ]  # fmt: skip
+                served.update(owners)
             hashed = hashed.append_column("engine_id", pa.array(owners, pa.string()))
             hashed = hashed.append_column("source_id", pa.array([sid] * hashed.num_rows, pa.string()))
             self._add(row, "log_events", _with_day(hashed, "ts"))
@@ -796,9 +792,10 @@ class _ObjectReader:
             owners = [engine_id] * len(result.intervals)
             if data_parallel:
                 owners = [
-                    vllm_log.dp_engine_id(ctx, engine_id, r["process"], index)
+                    vllm_log.dp_engine_id(engine_id, r["process"], index)
                     for r, index in zip(result.intervals, indices, strict=True)
                 ]
+                served.update(owners)
             table = _rows_table(vllm_log.intervals_with_starts(self.log_ctx, result.intervals))
             n = table.num_rows
             table = table.append_column("engine_id", pa.array(owners, pa.string()))
@@ -812,12 +809,10 @@ class _ObjectReader:
                 first_ts = pc.min(events["ts"]).as_py()
             facts.setdefault("ts", first_ts)
             # what the log says of its engine holds for every DP engine it serves
-            ranks = {engine: rank for rank, engine in ctx.dp_ids.items()}
             rows = [
-                {**facts, "engine_id": owner, "dp_rank": ranks.get(owner), "source_kind": "log",
-                 "source_id": sid, "line_number": 0}
+                {**facts, "engine_id": owner, "source_kind": "log", "source_id": sid, "line_number": 0}
                 for owner in sorted(served)
-            ]  # fmt: skip
+            ]
             self._add(row, "engines", _with_day(pa.Table.from_pylist(rows), "ts"))
         self._reject(row, result.rejects)
 
@@ -875,16 +870,12 @@ def _event_columns() -> dict:
     }
 
 
-def _engine_hints(kind: str, details: str | None) -> tuple[int | None, str | None]:
-    """What an event says of its engine: the index an `Engine NNN:` line names, and the
-    engine id a failure's context names."""
-    parsed = json.loads(details) if details else None
-    if not isinstance(parsed, dict):
-        return None, None
-    index = parsed.get("engine_index") if kind == "engine_stats" else None
-    named = parsed.get("engine_id")
-    index = index if isinstance(index, int) and index >= 0 else None
-    return index, (named if isinstance(named, str) else None)
+def _stats_index(kind: str, details: str | None) -> int | None:
+    """The engine index an `Engine NNN:` line names (an API server's line about one engine)."""
+    if kind != "engine_stats" or not details:
+        return None
+    index = json.loads(details).get("engine_index")
+    return index if isinstance(index, int) and index >= 0 else None
 
 
 def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
@@ -897,14 +888,6 @@ def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
     if not frames:
         return None
     return pl.concat(frames).to_arrow()
-
-
-def _head_of(path: Path, size: int) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(size)
-    except OSError:
-        return b""
 
 
 def _tty_shape(path: Path) -> bool | None:

@@ -169,9 +169,6 @@ class LogContext:
     logged_tp: int | None = None  # the TP size a transfer-plan line states
     # per process, the engine index of its last `Engine NNN:` line (-1: aggregated stats)
     engine_index: dict[str, int] = field(default_factory=dict)
-    # DP rank -> NIXL engine id, as `Initializing NIXL …` lines of EngineCore_DP<k> and
-    # Worker_DP<k>_… processes name them (see dp_engine_id)
-    dp_ids: dict[int, str] = field(default_factory=dict)
     last_interval_end: dict = field(default_factory=dict)
 
 
@@ -525,42 +522,31 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
         row["dp_index"] = index if index is not None and index >= 0 else None
 
 
-# With data parallelism one API server and several engine cores share a log: the
-# processes are EngineCore_DP<k> and Worker_DP<k>_…, the API server's lines name the
-# engine by index (`Engine 00k:`), and each engine has its own NIXL id, which vLLM makes
-# <id>_dp<local rank>. k is the global DP rank, so the ids are learned from the
-# `Initializing NIXL …` line each DP process logs, never computed from k.
+# With data parallelism, vLLM names each DP engine's NIXL id <id>_dp<n> and its processes
+# EngineCore_DP<n> and Worker_DP<n>_…; an API server's line says which engine by index.
+_DP_ENGINE_ID = re.compile(r"^(.*)_dp\d+$")
 _DP_PROCESS = re.compile(r"_DP(\d+)")
-_DP_INIT_LINE = re.compile(
-    rb"\((?:EngineCore|Worker)_DP(\d+)[^)]* pid=\d+\)[^\n]*?Initializing NIXL (?:worker|Scheduler) (\S+)"
-)
 
 
-def serves_data_parallel(ctx: LogContext) -> bool:
-    """Whether the log has named several DP engines (one DP engine alone, as an externally
-    load-balanced server runs, is an ordinary engine)."""
-    return len(set(ctx.dp_ids.values())) > 1
+def serves_data_parallel(engine_id: str) -> bool:
+    """Whether a log's engine id is one of several DP engines' (``<id>_dp<n>``)."""
+    return _DP_ENGINE_ID.match(engine_id) is not None
 
 
-def learn_dp_ids(ctx: LogContext, head: bytes) -> None:
-    """The DP engines a log's head names, for a read that resumes past its startup lines."""
-    for rank, engine_id in _DP_INIT_LINE.findall(head):
-        ctx.dp_ids.setdefault(int(rank), engine_id.decode(errors="replace"))
+def dp_engine_id(engine_id: str, process: str | None, index: int | None = None) -> str:
+    """The DP engine a row of a log filed under ``engine_id`` belongs to.
 
-
-def dp_engine_id(
-    ctx: LogContext, default: str, process: str | None, index: int | None = None, named: str | None = None
-) -> str:
-    """The engine a row of a data-parallel log belongs to: the one its process serves
-    (EngineCore_DP1, Worker_DP1_TP0), the one an API server's line names by ``index``, or
-    the one the line itself ``named`` (a failure's context); else ``default``."""
-    if process and (rank := _DP_PROCESS.search(process)) and int(rank.group(1)) in ctx.dp_ids:
-        return ctx.dp_ids[int(rank.group(1))]
-    if index is not None and index in ctx.dp_ids:
-        return ctx.dp_ids[index]
-    if named is not None and named in ctx.dp_ids.values():
-        return named
-    return default
+    A log of several data-parallel engines names them ``<id>_dp0``, ``<id>_dp1``…: a row
+    of process ``EngineCore_DP1`` or ``Worker_DP1_TP0``, or an API server's row about engine
+    index 1, belongs to ``<id>_dp1``. Anything else (no DP suffix, an aggregated line)
+    stays with ``engine_id``.
+    """
+    base = _DP_ENGINE_ID.match(engine_id)
+    if base is None:
+        return engine_id
+    if index is None and process and (match := _DP_PROCESS.search(process)):
+        index = int(match.group(1))
+    return engine_id if index is None else f"{base.group(1)}_dp{index}"
 
 
 def _engine_indices(ctx: LogContext, events: pl.DataFrame) -> dict[int, int | None]:
@@ -623,13 +609,8 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         engine.setdefault("ts", ts)
         return
     if match := _ENGINE_ID.search(message):
-        # the object's engine is the first id it names, whichever chunk comes later (a
-        # folder's name, filed under before any id was read, gives way to the id)
-        named = ctx.engine_id if ctx.engine_id not in (None, ctx.fallback_engine_id) else None
-        engine.setdefault("engine_id", named or match.group(1))
+        engine.setdefault("engine_id", match.group(1))
         engine.setdefault("ts", ts)
-        if process and (rank := _DP_PROCESS.search(process)):
-            ctx.dp_ids[int(rank.group(1))] = match.group(1)
         if (
             message.startswith("Initializing NIXL worker") and (process or "").startswith("EngineCore")
             and ctx.logged_tp is None and ctx.max_tp_rank is None
