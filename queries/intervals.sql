@@ -9,8 +9,7 @@
 --
 -- Columns (as documented in docs/tables.md for `intervals`):
 --   start_ts, end_ts       the interval (previous scrape or log line → this one), epoch s
---   engine_id              engine, resolved through _instance_engines for scrapes (and
---                          vLLM's engine label, with data-parallel engines <id>_dp<n>)
+--   engine_id              engine, resolved through _instance_engines for scrapes
 --   source_kind            'log' or 'prometheus'
 --   process                logging process, or 'engine=<index>' for scrapes
 --   transfers              successful rank-level transfers completed in the interval
@@ -101,10 +100,7 @@ WITH per_scrape AS (
 SELECT
     s.prev_ts AS start_ts,
     s.ts AS end_ts,
-    -- a folder of data-parallel engines (<id>_dp<n>): vLLM's engine label is the DP index
-    CASE WHEN regexp_matches(e.engine_id, '_dp\d+$') AND regexp_matches(s.engine_label, '^\d+$')
-         THEN regexp_replace(e.engine_id, '_dp\d+$', '') || '_dp' || CAST(s.engine_label AS INTEGER)
-         ELSE coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) END AS engine_id,
+    coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
     'prometheus' AS source_kind,
     'engine=' || coalesce(s.engine_label, '') AS process,
     CAST(s.n AS BIGINT) AS transfers,

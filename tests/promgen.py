@@ -20,9 +20,9 @@ def _histogram(name: str, bounds: list[float], values: list[float], labels: str)
 
 
 def scrape(transfers: list[tuple[float, float, int, int]], failed: int = 0, expired: int = 0,
-           timestamp_ms: int | None = None, engine: str = "0") -> str:  # fmt: skip
+           timestamp_ms: int | None = None) -> str:  # fmt: skip
     """A cumulative snapshot of every (xfer_s, post_s, bytes, descriptors) so far."""
-    labels = f'engine="{engine}",model_name="nemotron-nano"'
+    labels = 'engine="0",model_name="nemotron-nano"'
     lines = ["# a vLLM /metrics scrape", 'python_gc_objects_collected_total{generation="0"} 123.0']
     lines += _histogram("vllm:nixl_xfer_time_seconds", XFER_BUCKETS, [t[0] for t in transfers], labels)
     lines += _histogram("vllm:nixl_post_time_seconds", POST_BUCKETS, [t[1] for t in transfers], labels)

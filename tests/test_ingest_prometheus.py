@@ -214,15 +214,3 @@ def test_a_changed_created_time_is_a_restart_even_when_counts_grew(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s")
     got = rows(tmp_path / "s", "SELECT transfers FROM intervals WHERE source_kind = 'prometheus'")
     assert got == [(len(SECOND),)]
-
-
-def test_engine_labels_of_data_parallel_engines_name_their_engines(tmp_path):
-    folder = tmp_path / "in" / "dec"
-    write_log = vllm_line("Initializing NIXL Scheduler pfx_dp0", process="EngineCore_DP0 pid=212")
-    put(folder / "vllm.log", write_log + "\n", T0)
-    for k in range(2):
-        text = "".join(scrape(FIRST if k == 0 else SECOND, engine=str(e)) for e in (0, 1))
-        put(folder / f"metrics-{1776765600 + 15 * k}.prom", text, T0)
-    ingest([tmp_path / "in"], tmp_path / "s")
-    got = rows(tmp_path / "s", "SELECT engine_id, process, transfers FROM intervals ORDER BY 1")
-    assert got == [("pfx_dp0", "engine=0", 2), ("pfx_dp1", "engine=1", 2)]

@@ -453,39 +453,6 @@ def test_the_hour_repeated_when_clocks_go_back_is_read_twice(tmp_path):
     assert ends == ["04:50", "05:10", "05:30", "05:50", "06:10", "06:30", "06:50", "07:10"]
 
 
-def test_a_log_of_data_parallel_engines_files_each_row_under_its_engine(tmp_path):
-    context = ("{'failure_type': 'transfer_failed', 'request_id': 'r9', 'engine_id': 'pfx_dp1', "
-               "'remote_engine_id': 'pre_dp0'}")  # fmt: skip
-    kv = "KV Transfer metrics: Num successful transfers=24, Avg xfer time (ms)=12.4"
-    stats = "Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 412.7 tokens/s, Running: 12 reqs"
-    lines = [
-        vllm_line("Initializing NIXL Scheduler pfx_dp0", process="EngineCore_DP0 pid=212"),
-        vllm_line("Initializing NIXL Scheduler pfx_dp1", process="EngineCore_DP1 pid=213"),
-        *[vllm_line(f"Initializing NIXL worker pfx_dp{d}", process=f"Worker_DP{d}_TP{t} pid={30 + 2 * d + t}")
-          for d in (0, 1) for t in (0, 1)],
-        vllm_line(f"NIXL transfer failure: transfer_failed | Context: {context}", level="ERROR",
-                  process="Worker_DP1_TP0 pid=302", stamp="04-21 10:03:00"),
-        *[line for d in (1, 0) for line in (
-            vllm_line(f"Engine 00{d}: {stats}", process="APIServer pid=1", stamp="04-21 10:04:00"),
-            vllm_line(kv, process="APIServer pid=1", stamp="04-21 10:04:00", where="metrics.py:103"))],
-    ]  # fmt: skip
-    write(tmp_path / "in" / "dec" / "vllm.log", "\n".join(lines) + "\n")
-    ingest([tmp_path / "in"], tmp_path / "s")
-    assert rows(tmp_path / "s", "SELECT kind, engine_id, rank FROM log_events ORDER BY line_number") == [
-        ("transfer_failed", "pfx_dp1", 0),
-        ("engine_stats", "pfx_dp1", None),
-        ("engine_stats", "pfx_dp0", None),
-    ]
-    assert rows(tmp_path / "s", "SELECT engine_id, transfers FROM intervals ORDER BY line_number") == [
-        ("pfx_dp1", 24),
-        ("pfx_dp0", 24),
-    ]
-    assert rows(tmp_path / "s", "SELECT engine_id, tp_size FROM engines ORDER BY 1") == [
-        ("pfx_dp0", 2),
-        ("pfx_dp1", 2),
-    ]
-
-
 def test_zone_less_collector_stamps_in_the_repeated_hour_follow_the_lines_own_pass(tmp_path):
     # Berlin's clocks go back at 03:00 on 2026-10-25: 02:10 after 02:50 is the second pass
     walls = ["01:50:00", "02:30:00", "02:50:00", "02:10:00", "02:40:00", "03:10:00"]

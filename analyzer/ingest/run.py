@@ -764,8 +764,6 @@ class _ObjectReader:
         from hybridtrace.ingest import vllm_log
 
         sid = row["source_id"]
-        data_parallel = vllm_log.serves_data_parallel(engine_id)
-        served = {engine_id}  # the engines this log's rows belong to
         events = _event_table(result)
         if events is not None:
             # The hash names the event by what the log says, not by where it was read, so
@@ -774,32 +772,13 @@ class _ObjectReader:
             hashed = self.job.con.sql(
                 f"SELECT * EXCLUDE (stamp), {digest} AS event_hash FROM events"
             ).to_arrow_table()
-            owners = [engine_id] * hashed.num_rows
-            if data_parallel:  # several engines in one log: each row to its own
-                owners = [
-                    vllm_log.dp_engine_id(engine_id, process, _stats_index(kind, details))
-                    for process, kind, details in zip(
-                        hashed["process"].to_pylist(), hashed["kind"].to_pylist(),
-                        hashed["details"].to_pylist(), strict=True,
-                    )
-                ]  # fmt: skip
-                served.update(owners)
-            hashed = hashed.append_column("engine_id", pa.array(owners, pa.string()))
+            hashed = hashed.append_column("engine_id", pa.array([engine_id] * hashed.num_rows, pa.string()))
             hashed = hashed.append_column("source_id", pa.array([sid] * hashed.num_rows, pa.string()))
             self._add(row, "log_events", _with_day(hashed, "ts"))
         if result.intervals:
-            indices = [r.pop("dp_index", None) for r in result.intervals]
-            owners = [engine_id] * len(result.intervals)
-            if data_parallel:
-                owners = [
-                    vllm_log.dp_engine_id(engine_id, r["process"], index)
-                    for r, index in zip(result.intervals, indices, strict=True)
-                ]
-                served.update(owners)
             table = _rows_table(vllm_log.intervals_with_starts(self.log_ctx, result.intervals))
             n = table.num_rows
-            table = table.append_column("engine_id", pa.array(owners, pa.string()))
-            for name, value in (("source_kind", "log"), ("source_id", sid)):
+            for name, value in (("engine_id", engine_id), ("source_kind", "log"), ("source_id", sid)):
                 table = table.append_column(name, pa.array([value] * n, pa.string()))
             self._add(row, "intervals", _with_day(table, "end_ts"))
         facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
@@ -808,12 +787,14 @@ class _ObjectReader:
             if first_ts is None and events is not None and events.num_rows:
                 first_ts = pc.min(events["ts"]).as_py()
             facts.setdefault("ts", first_ts)
-            # what the log says of its engine holds for every DP engine it serves
-            rows = [
-                {**facts, "engine_id": owner, "source_kind": "log", "source_id": sid, "line_number": 0}
-                for owner in sorted(served)
-            ]
-            self._add(row, "engines", _with_day(pa.Table.from_pylist(rows), "ts"))
+            engine = {
+                **facts,
+                "engine_id": engine_id,
+                "source_kind": "log",
+                "source_id": sid,
+                "line_number": 0,
+            }
+            self._add(row, "engines", _with_day(pa.Table.from_pylist([engine]), "ts"))
         self._reject(row, result.rejects)
 
     def _model_config(self, row: dict, lines: _Lines, final: bool) -> None:
@@ -868,14 +849,6 @@ def _event_columns() -> dict:
         "remote_engine_id": pl.String,
         "details": pl.String,
     }
-
-
-def _stats_index(kind: str, details: str | None) -> int | None:
-    """The engine index an `Engine NNN:` line names (an API server's line about one engine)."""
-    if kind != "engine_stats" or not details:
-        return None
-    index = json.loads(details).get("engine_index")
-    return index if isinstance(index, int) and index >= 0 else None
 
 
 def _event_table(result: vllm_log.LogResult) -> pa.Table | None:

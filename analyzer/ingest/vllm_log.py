@@ -517,41 +517,11 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
     for event in events.iter_rows(named=True):
         _parse_event(ctx, event, result)
     for row in result.intervals:
-        index = indices.get(row["line_number"])
-        row["engine_index"] = index if index is not None and index > 0 else None
-        row["dp_index"] = index if index is not None and index >= 0 else None
-
-
-# With data parallelism, vLLM names each DP engine's NIXL id <id>_dp<n> and its processes
-# EngineCore_DP<n> and Worker_DP<n>_…; an API server's line says which engine by index.
-_DP_ENGINE_ID = re.compile(r"^(.*)_dp\d+$")
-_DP_PROCESS = re.compile(r"_DP(\d+)")
-
-
-def serves_data_parallel(engine_id: str) -> bool:
-    """Whether a log's engine id is one of several DP engines' (``<id>_dp<n>``)."""
-    return _DP_ENGINE_ID.match(engine_id) is not None
-
-
-def dp_engine_id(engine_id: str, process: str | None, index: int | None = None) -> str:
-    """The DP engine a row of a log filed under ``engine_id`` belongs to.
-
-    A log of several data-parallel engines names them ``<id>_dp0``, ``<id>_dp1``…: a row
-    of process ``EngineCore_DP1`` or ``Worker_DP1_TP0``, or an API server's row about engine
-    index 1, belongs to ``<id>_dp1``. Anything else (no DP suffix, an aggregated line)
-    stays with ``engine_id``.
-    """
-    base = _DP_ENGINE_ID.match(engine_id)
-    if base is None:
-        return engine_id
-    if index is None and process and (match := _DP_PROCESS.search(process)):
-        index = int(match.group(1))
-    return engine_id if index is None else f"{base.group(1)}_dp{index}"
+        row["engine_index"] = indices.get(row["line_number"])
 
 
 def _engine_indices(ctx: LogContext, events: pl.DataFrame) -> dict[int, int | None]:
-    """The engine index of each `KV Transfer metrics` event (by line number): the `Engine
-    NNN:` line before it, -1 after an aggregated one.
+    """The engine index of each `KV Transfer metrics` event (by line number), when above 0.
 
     With data parallelism one API server logs each engine's `Engine NNN:` line followed by
     its KV line, often within one second: the index tells those KV lines apart.
@@ -572,7 +542,8 @@ def _engine_indices(ctx: LogContext, events: pl.DataFrame) -> dict[int, int | No
         if value is not None:
             ctx.engine_index[key] = value
         elif kv:
-            found[line] = ctx.engine_index.get(key)
+            last = ctx.engine_index.get(key)
+            found[line] = last if last is not None and last > 0 else None
     return found
 
 
