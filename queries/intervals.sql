@@ -11,7 +11,8 @@
 --   start_ts, end_ts       the interval (previous scrape or log line → this one), epoch s
 --   engine_id              engine, resolved through _instance_engines for scrapes
 --   source_kind            'log' or 'prometheus'
---   process                logging process, or 'engine=<index>' for scrapes
+--   process                logging process, or 'engine=<index>' for scrapes (then the target
+--                          of a federated scrape, 'engine=0 pod=decode-0,job=vllm')
 --   transfers              successful rank-level transfers completed in the interval
 --   avg_xfer_s, avg_post_s mean transfer and post time (ratio of sums for scrapes)
 --   p90_xfer_s, p90_post_s 90th percentile; for scrapes the upper bound of the histogram
@@ -27,27 +28,43 @@
 -- One row per series and scrape after its first: vLLM's vllm:nixl_* and
 -- vllm:prompt_tokens_by_source_total, and NIXL's agent_* exporter (agent_rx_bytes_total,
 -- agent_xfer_time_us_sum, ...). A restart resets every counter of the process at once,
--- so a scrape is a reset for all series of its instance and engine label when any of
--- their counters went down, or a `_created` time changed (which shows a restart even
--- when the new counts have already passed the old ones): then each delta is the new
+-- so a scrape is a reset for all series of its instance, target and engine label when
+-- any of their counters went down, or a `_created` time changed (which shows a restart
+-- even when the new counts have already passed the old ones): then each delta is the new
 -- value. Gauges (agent_*_last_*) are differenced too, but never decide a reset: read
 -- them from prom_samples instead.
 --
+-- The target tells apart the servers a federated scrape (Prometheus' /federate, one file
+-- holding many pods) carries: the scrape-target labels a collector adds (pod, instance,
+-- job, namespace, container, node), as "pod=…,instance=…"; empty for a server's own
+-- /metrics, whose series carry none of them.
+--
 -- Columns:
---   instance, engine_label, model_name, metric, labels, le   the series
+--   instance, target                                       the folder, the scraped server
+--   engine_label, model_name, metric, labels, le           the series
 --   ts, prev_ts                                            this scrape and the one before
 --   delta                                                  growth since prev_ts
 --   source_id, line_number, day                            provenance of this scrape's sample
 CREATE OR REPLACE VIEW prom_deltas AS
-WITH steps AS (
-    SELECT instance, engine_label, model_name, metric, labels, le, ts, value,
+WITH targeted AS (
+    SELECT *,
+           concat_ws(',', 'pod=' || json_extract_string(labels, '$.pod'),
+                     'instance=' || json_extract_string(labels, '$.instance'),
+                     'job=' || json_extract_string(labels, '$.job'),
+                     'namespace=' || json_extract_string(labels, '$.namespace'),
+                     'container=' || json_extract_string(labels, '$.container'),
+                     'node=' || json_extract_string(labels, '$.node')) AS target
+    FROM prom_samples
+),
+steps AS (
+    SELECT instance, target, engine_label, model_name, metric, labels, le, ts, value,
            lag(ts) OVER w AS prev_ts, lag(value) OVER w AS prev_value,
            source_id, line_number, day
-    FROM prom_samples
+    FROM targeted
     WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts)
 ),
 resets AS (
-    SELECT instance, engine_label, ts,
+    SELECT instance, target, engine_label, ts,
            bool_or(CASE WHEN metric LIKE '%\_created' ESCAPE '\' THEN value <> prev_value
                         WHEN regexp_matches(metric, '_(total|count|sum|bucket)$') THEN value < prev_value
                         ELSE false END) AS reset
@@ -55,12 +72,13 @@ resets AS (
     WHERE prev_value IS NOT NULL
     GROUP BY ALL
 )
-SELECT s.instance, s.engine_label, s.model_name, s.metric, s.labels, s.le, s.ts, s.prev_ts,
+SELECT s.instance, s.target, s.engine_label, s.model_name, s.metric, s.labels, s.le, s.ts, s.prev_ts,
        CASE WHEN r.reset OR s.value < s.prev_value THEN s.value ELSE s.value - s.prev_value END AS delta,
        s.source_id, s.line_number, s.day
 FROM steps s
 JOIN resets r
-  ON r.instance = s.instance AND r.engine_label IS NOT DISTINCT FROM s.engine_label AND r.ts = s.ts
+  ON r.instance = s.instance AND r.target = s.target AND r.engine_label IS NOT DISTINCT FROM s.engine_label
+ AND r.ts = s.ts
 WHERE s.prev_ts IS NOT NULL;
 
 CREATE OR REPLACE VIEW _prom_deltas AS
@@ -68,7 +86,7 @@ SELECT * FROM prom_deltas WHERE metric LIKE 'vllm:nixl_%';
 
 CREATE OR REPLACE VIEW _prom_p90 AS
 SELECT
-    d.instance, d.engine_label, d.model_name, d.ts,
+    d.instance, d.target, d.engine_label, d.model_name, d.ts,
     regexp_replace(d.metric, '_bucket$', '') AS family,
     min(d.le) FILTER (WHERE d.delta >= 0.9 * c.delta AND c.delta > 0) AS p90_upper
 FROM _prom_deltas d
@@ -81,7 +99,7 @@ GROUP BY ALL;
 CREATE OR REPLACE VIEW _prom_intervals AS
 WITH per_scrape AS (
     SELECT
-        instance, engine_label, model_name, ts,
+        instance, target, engine_label, model_name, ts,
         any_value(prev_ts) AS prev_ts,
         sum(delta) FILTER (WHERE metric = 'vllm:nixl_xfer_time_seconds_count') AS n,
         sum(delta) FILTER (WHERE metric = 'vllm:nixl_xfer_time_seconds_sum') AS xfer_sum,
@@ -95,14 +113,15 @@ WITH per_scrape AS (
         any_value(day) AS day
     FROM _prom_deltas
     WHERE le IS NULL AND delta IS NOT NULL
-    GROUP BY instance, engine_label, model_name, ts
+    GROUP BY instance, target, engine_label, model_name, ts
 )
 SELECT
     s.prev_ts AS start_ts,
     s.ts AS end_ts,
     coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
     'prometheus' AS source_kind,
-    'engine=' || coalesce(s.engine_label, '') AS process,
+    'engine=' || coalesce(s.engine_label, '') || CASE WHEN s.target <> '' THEN ' ' || s.target ELSE '' END
+        AS process,
     CAST(s.n AS BIGINT) AS transfers,
     s.xfer_sum / nullif(s.n, 0) AS avg_xfer_s,
     x.p90_upper AS p90_xfer_s,
@@ -122,10 +141,12 @@ FROM per_scrape s
 LEFT JOIN _instance_engines e
   ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance)
 LEFT JOIN _prom_p90 x
-  ON x.instance = s.instance AND x.ts = s.ts AND x.engine_label IS NOT DISTINCT FROM s.engine_label
+  ON x.instance = s.instance AND x.target = s.target AND x.ts = s.ts
+ AND x.engine_label IS NOT DISTINCT FROM s.engine_label
  AND x.model_name IS NOT DISTINCT FROM s.model_name AND x.family = 'vllm:nixl_xfer_time_seconds'
 LEFT JOIN _prom_p90 p
-  ON p.instance = s.instance AND p.ts = s.ts AND p.engine_label IS NOT DISTINCT FROM s.engine_label
+  ON p.instance = s.instance AND p.target = s.target AND p.ts = s.ts
+ AND p.engine_label IS NOT DISTINCT FROM s.engine_label
  AND p.model_name IS NOT DISTINCT FROM s.model_name AND p.family = 'vllm:nixl_post_time_seconds';
 
 -- A log interval starts where the engine process's previous line (for the same engine

@@ -214,3 +214,24 @@ def test_a_changed_created_time_is_a_restart_even_when_counts_grew(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s")
     got = rows(tmp_path / "s", "SELECT transfers FROM intervals WHERE source_kind = 'prometheus'")
     assert got == [(len(SECOND),)]
+
+
+def test_a_federated_scrape_keeps_its_servers_apart(tmp_path):
+    # one /federate file per time holding two pods; the prefill pod restarts in between
+    def sample(pod: str, metric: str, value: float, t: int) -> str:
+        labels = f'engine="0",instance="{pod}:8000",job="vllm",model_name="m",pod="{pod}"'
+        return f"vllm:{metric}{{{labels}}} {value} {(1776765600 + t) * 1000}\n"
+
+    for t, (count, expired) in ((10, (100, 10)), (20, (124, 1))):
+        text = "# TYPE vllm:nixl_xfer_time_seconds histogram\n"
+        text += sample("decode-0", "nixl_xfer_time_seconds_count", count, t)
+        text += sample("decode-0", "nixl_num_kv_expired_reqs_total", 0, t)
+        text += sample("prefill-0", "nixl_xfer_time_seconds_count", 0, t)
+        text += sample("prefill-0", "nixl_num_kv_expired_reqs_total", expired, t)
+        put(tmp_path / "in" / "fed" / f"federate-{t}.prom", text, T0)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT process, transfers, expired_requests FROM intervals ORDER BY process")
+    assert got == [
+        ("engine=0 pod=decode-0,instance=decode-0:8000,job=vllm", 24, 0),  # not reset by the other pod
+        ("engine=0 pod=prefill-0,instance=prefill-0:8000,job=vllm", 0, 1),  # its own restart
+    ]
