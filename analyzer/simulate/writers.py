@@ -175,8 +175,8 @@ def _encoded(frame: pl.DataFrame, record: pl.Expr, order: int) -> pl.DataFrame:
 class _Sink:
     """Writes on one background thread, in the order asked, while the next block is made.
 
-    Copying a block into the page cache takes the kernel about as long as making it (here
-    some 3 s per GB), and neither needs the other's core: the write (and the gzip of the
+    Copying a block into the page cache takes the kernel 1–2 CPU seconds per GB here, and
+    neither it nor making the next block needs the other's core: the write (and the gzip of the
     rotated log, which runs with it) releases the GIL. One thread keeps every file's writes
     in order, so a seed still gives the same bytes; at most ``limit`` bytes wait, so memory
     stays bounded. A failed write is raised by the next call, or by ``close``.
@@ -193,9 +193,6 @@ class _Sink:
         self._waiting += size
         while self._waiting > self._limit and len(self._pending) > 1:
             self._finish_one()
-
-    def write(self, handle: BinaryIO, data: bytes) -> None:
-        self._submit(partial(handle.write, data), len(data))
 
     def lines(self, handle: BinaryIO, lines: pl.Series, *, terminated: bool = False) -> None:
         """Each line as is, newline-terminated (``terminated``: each ends with its newline).
