@@ -6,11 +6,12 @@ fsynced and renamed, so a reader never sees half a file. In a bucket an object a
 whole when its upload completes, so a write is one upload. Either way the store's
 commit record (its ``sources`` file) is written last.
 
-Buckets have no file locks, so a bucket root offers a lease instead: a small lock object
+Buckets have no file locks, so a bucket root offers a lease instead: a small claim object
 naming its holder and an expiry, renewed while the holder works. A holder that dies
 stops renewing, and the lease expires. Object stores give no atomic create through
-pyarrow, so taking a lease is write, wait, read back: of two runs racing, the one whose
-write landed last keeps it and the other steps aside.
+pyarrow, so each run writes a claim of its own, waits, and lists the claims: a later
+claimant always sees an earlier one and steps aside, and two that see each other both
+back off and try again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -250,39 +252,56 @@ class BucketRoot:
 
     @contextlib.contextmanager
     def lock(self, name: str, lease_s: float, what: str) -> Iterator[dict]:
-        """A lease: held while renewed, taken over once expired."""
-        rel = name
-        if self.exists(rel):
-            current = _parse(self.read_text(rel))
-            if current.get("expires", 0) > time.time():
-                raise LeaseHeld(f"{self.display}: {what}", current)
-        mine = _holder(lease_s)
+        """A lease: held while renewed, taken over once expired.
+
+        Each run writes its own claim object (``<name>.d/<token>.json``), waits for racing
+        claims to land and lists them. Nothing is overwritten, so of two runs that claim at
+        about the same time at least the later one sees the other and steps aside; if
+        both see each other, both withdraw, wait a random moment and try again.
+        """
+        claims = f"{name}.d"
+        held_elsewhere = self._live_claims(name, claims)
+        if held_elsewhere:
+            raise LeaseHeld(f"{self.display}: {what}", _first(held_elsewhere))
+        for attempt in range(_CLAIM_ATTEMPTS):
+            mine = _holder(lease_s)
+            rel = f"{claims}/{mine['token']}.json"
+            self.write_text(rel, json.dumps(_public(mine)))
+            time.sleep(_settle_s())  # let a racing claim land before looking
+            others = [c for c in self._live_claims(name, claims) if c.get("token") != mine["token"]]
+            if not others:
+                break
+            self.delete(rel)
+            if attempt == _CLAIM_ATTEMPTS - 1 or any(c.get("held", True) for c in others):
+                raise LeaseHeld(f"{self.display}: {what}", _first(others))
+            # Both claimed at once and both saw the other: back off by a random amount so
+            # one of the two goes first next time, and step aside if it already has.
+            time.sleep(random.uniform(0.0, 2 * _settle_s()))
+            others = self._live_claims(name, claims)
+            if others:
+                raise LeaseHeld(f"{self.display}: {what}", _first(others))
+        mine["held"], mine["lost"] = True, False
         self.write_text(rel, json.dumps(_public(mine)))
-        time.sleep(_settle_s())  # let a racing writer land; the last write wins
-        current = _parse(self.read_text(rel)) if self.exists(rel) else {}
-        if current.get("token") != mine["token"]:
-            raise LeaseHeld(f"{self.display}: {what}", current)
+        self._sweep(claims, mine["token"])
         stop = threading.Event()
-        mine["lost"] = False
 
         def renew() -> None:
-            # Renew only while the lease is still ours; a holder that was paused past its
-            # lease finds another token there and stops (``check`` then refuses to commit).
+            # A holder paused past its lease may have been replaced: it stops renewing
+            # (``check`` then refuses to commit) rather than revive an expired claim.
             while not stop.wait(max(lease_s / 3, 0.5)):
                 try:
-                    current = _parse(self.read_text(rel)) if self.exists(rel) else {}
-                    if current.get("token") != mine["token"]:
+                    if time.time() > mine["expires"] or not self.exists(rel):
                         mine["lost"] = True
                         return
-                    renewed = {**_public(mine), "expires": time.time() + lease_s}
-                    self.write_text(rel, json.dumps(renewed))
-                    mine["expires"] = renewed["expires"]
+                    expires = time.time() + lease_s
+                    self.write_text(rel, json.dumps({**_public(mine), "expires": expires}))
+                    mine["expires"] = expires
                 except (UsageError, OSError):
                     if time.time() > mine["expires"]:
                         mine["lost"] = True  # could not renew in time: assume another took over
                         return
 
-        mine["check"] = lambda: self._still_held(rel, mine)
+        mine["check"] = lambda: self._still_held(name, claims, mine)
 
         keeper = threading.Thread(target=renew, name="hybridtrace-lease", daemon=True)
         keeper.start()
@@ -292,25 +311,63 @@ class BucketRoot:
             stop.set()
             keeper.join()
             with contextlib.suppress(UsageError, OSError):
-                if _parse(self.read_text(rel)).get("token") == mine["token"]:
+                self.delete(rel)
+
+    def _live_claims(self, name: str, claims: str) -> list[dict]:
+        """Unexpired claims on a lease, with a lock object from older versions counted as one."""
+        now, live = time.time(), []
+        for rel in [*self.list_files(claims, "*.json"), name]:
+            try:
+                claim = _parse(self.read_text(rel)) if rel != name or self.exists(name) else {}
+            except UsageError:
+                continue  # withdrawn or swept between the listing and the read
+            if _number(claim.get("expires")) > now:
+                live.append(claim)
+        return live
+
+    def _sweep(self, claims: str, token: str) -> None:
+        """Delete expired claims of dead runs, so they do not pile up."""
+        now = time.time()
+        for rel in self.list_files(claims, "*.json"):
+            if rel == f"{claims}/{token}.json":
+                continue
+            with contextlib.suppress(UsageError, OSError):
+                if _number(_parse(self.read_text(rel)).get("expires")) <= now:
                     self.delete(rel)
 
-
-    def _still_held(self, rel: str, mine: dict) -> None:
+    def _still_held(self, name: str, claims: str, mine: dict) -> None:
         """Refuse to go on (commit) unless the lease is still ours and unexpired."""
         if mine.get("lost") or time.time() > mine["expires"]:
             raise UsageError(f"{self.display}: this run lost the store's lease; nothing more is committed")
-        current = _parse(self.read_text(rel)) if self.exists(rel) else {}
-        if current.get("token") != mine["token"]:
+        mine_there = self.exists(f"{claims}/{mine['token']}.json")
+        others = [c for c in self._live_claims(name, claims) if c.get("token") != mine["token"]]
+        if not mine_there or any(c.get("held", True) for c in others):
+            # A claim that is not (yet) held is a run in its settling wait; it will see ours
+            # and step aside. A held one (or an older version's lock object) has replaced us.
             mine["lost"] = True
             raise UsageError(
                 f"{self.display}: another run took over the store's lease; nothing more is committed"
             )
 
 
+_CLAIM_ATTEMPTS = 3
+
+
+def _first(claims: list[dict]) -> dict:
+    """The claim to name in a message: a holder if there is one, else the earliest."""
+    return min(claims, key=lambda c: (not c.get("held", True), _number(c.get("started"))))
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
 def _public(holder: dict) -> dict:
     """What the lock object says: who holds it, since and until when."""
-    return {k: holder[k] for k in ("host", "pid", "token", "started", "expires")}
+    # ``held`` tells a winner from a run still settling; a lock object without it (an
+    # older version's) counts as held.
+    return {**{k: holder[k] for k in ("host", "pid", "token", "started", "expires")},
+            "held": bool(holder.get("held"))}  # fmt: skip
 
 
 def _holder(lease_s: float) -> dict:

@@ -292,8 +292,8 @@ def test_a_writer_that_lost_its_lease_commits_nothing(server, tmp_path, fast_lea
     store.init()
     with store.writer_lock():
         # another run takes over (this one was paused past its lease, say)
-        other = {"token": "someone-else", "expires": 1e12}
-        server.put("telemetry/store/.writer.lock", json.dumps(other).encode())
+        other = {"token": "someone-else", "expires": 1e12, "held": True}
+        server.put("telemetry/store/.writer.lock.d/someone-else.json", json.dumps(other).encode())
         with pytest.raises(UsageError, match="took over the store's lease"):
             store.write_batch("0" * 32, {}, table_schema("sources").arrow_schema().empty_table())
     assert store.committed_batches() == set()  # the commit record was never written
@@ -304,3 +304,98 @@ def test_a_missing_bucket_under_a_prefix_is_an_error(server, tmp_path):
         pytest.skip("folders have their own error")
     with pytest.raises(UsageError, match="no such bucket"):
         ingest([server.uri("no-such-bucket/logs/")], tmp_path / "s")
+
+
+def _claims(server, store: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    from hybridtrace.buckets import bucket
+
+    where = bucket(server.uri(f"{store}/.writer.lock.d"))
+    selector = pafs.FileSelector(where.path, allow_not_found=True)
+    return [info.base_name for info in where.filesystem.get_file_info(selector)]
+
+
+def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_leases, monkeypatch):
+    """The race a single lock object loses: the other run checked before we wrote and wrote
+    after we read back. With a claim each, the later one sees the earlier and steps aside."""
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    import hybridtrace.storage as storage
+
+    store = Store(server.uri("telemetry/settle"))
+    store.init()
+    real_sleep, waits = time.sleep, []
+
+    def racing_sleep(seconds: float) -> None:
+        if not waits:  # the first wait is our settling one: another run claims meanwhile
+            other = {"token": "racer", "expires": time.time() + 60, "held": False, "started": time.time()}
+            server.put("telemetry/settle/.writer.lock.d/racer.json", json.dumps(other).encode())
+        waits.append(seconds)
+        real_sleep(min(seconds, 0.05))
+
+    monkeypatch.setattr(storage.time, "sleep", racing_sleep)
+    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
+        pass
+    assert len(waits) == 2  # settled, saw the racer, withdrew, backed off, and saw it still there
+    assert _claims(server, "telemetry/settle") == ["racer.json"]  # our claim is withdrawn
+
+    # a racer that wrote and then withdrew (it saw us too) leaves the way clear on our retry
+    server.delete("telemetry/settle/.writer.lock.d/racer.json")
+    waits.clear()
+
+    def withdrawing_sleep(seconds: float) -> None:
+        path = "telemetry/settle/.writer.lock.d/racer.json"
+        if len(waits) == 0:
+            other = {"token": "racer", "expires": time.time() + 60, "held": False, "started": time.time()}
+            server.put(path, json.dumps(other).encode())
+        elif len(waits) == 1:
+            server.delete(path)
+        waits.append(seconds)
+
+    monkeypatch.setattr(storage.time, "sleep", withdrawing_sleep)
+    with store.writer_lock():
+        assert len(waits) == 3  # settle, back off, settle again
+        assert len(_claims(server, "telemetry/settle")) == 1
+    assert _claims(server, "telemetry/settle") == []  # released
+
+
+def test_a_settling_claim_does_not_stop_the_holder(server, fast_leases):
+    """A run that claims while we hold is still settling: it will see us and leave, so our
+    commits go on; a held claim or an older version's lock object means we were replaced."""
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    from hybridtrace.schema import table_schema
+
+    store = Store(server.uri("telemetry/holder"))
+    store.init()
+    empty = table_schema("sources").arrow_schema().empty_table()
+    with store.writer_lock():
+        settling = {"token": "newcomer", "expires": time.time() + 60, "held": False}
+        server.put("telemetry/holder/.writer.lock.d/newcomer.json", json.dumps(settling).encode())
+        store.write_batch("1" * 32, {}, empty)
+        server.put("telemetry/holder/.writer.lock", json.dumps({"token": "old", "expires": 1e12}).encode())
+        with pytest.raises(UsageError, match="took over"):
+            store.write_batch("2" * 32, {}, empty)
+    assert store.committed_batches() == {"1" * 32}
+    # the older version's lock object is honoured by the next run too
+    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
+        pass
+
+
+def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    store = Store(server.uri("telemetry/swept"))
+    store.init()
+    dead = {"token": "dead", "expires": time.time() - 1, "held": True}
+    server.put("telemetry/swept/.writer.lock.d/dead.json", json.dumps(dead).encode())
+    with store.writer_lock():
+        assert len(_claims(server, "telemetry/swept")) == 1
+        assert "dead.json" not in _claims(server, "telemetry/swept")
