@@ -111,8 +111,8 @@ def load_job(path: str | Path) -> JobConfig:
 
     def number(section: dict, key: str, default: float) -> float:
         value = section.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise UsageError(f"{path}: {key} must be a number of seconds, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise UsageError(f"{path}: {key} must be a positive number of seconds, not {value!r}")
         return float(value)
 
     strict = alert.get("strict", False)

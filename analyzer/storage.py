@@ -180,7 +180,8 @@ class BucketRoot:
         try:
             with self.fs.open_input_file(self.full(rel)) as handle:
                 return handle.read().decode()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
+            # ValueError: GCS replaced the object (a new generation) between open and read
             raise self._guard(f"read {rel}", exc) from exc
 
     def make(self) -> None:
@@ -230,8 +231,12 @@ class BucketRoot:
         return []  # uploads are whole or absent
 
     def delete(self, rel: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             self.fs.delete_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._guard(f"delete {rel}", exc) from exc
 
     def parquet_schema(self, rel: str) -> pa.Schema:
         return pq.read_schema(self.full(rel), filesystem=self.fs)
@@ -259,30 +264,14 @@ class BucketRoot:
         about the same time at least the later one sees the other and steps aside; if
         both see each other, both withdraw, wait a random moment and try again.
         """
+        if lease_s <= 0:
+            raise UsageError(f"{self.display}: a lease must last a positive time, not {lease_s:g} s")
         claims = f"{name}.d"
-        held_elsewhere = self._live_claims(name, claims)
+        held_elsewhere = [c for c in self._live_claims(name, claims) if c.get("held", True)]
         if held_elsewhere:
             raise LeaseHeld(f"{self.display}: {what}", _first(held_elsewhere))
-        for attempt in range(_CLAIM_ATTEMPTS):
-            mine = _holder(lease_s)
-            rel = f"{claims}/{mine['token']}.json"
-            self.write_text(rel, json.dumps(_public(mine)))
-            time.sleep(_settle_s())  # let a racing claim land before looking
-            others = [c for c in self._live_claims(name, claims) if c.get("token") != mine["token"]]
-            if not others:
-                break
-            self.delete(rel)
-            if attempt == _CLAIM_ATTEMPTS - 1 or any(c.get("held", True) for c in others):
-                raise LeaseHeld(f"{self.display}: {what}", _first(others))
-            # Both claimed at once and both saw the other: back off by a random amount so
-            # one of the two goes first next time, and step aside if it already has.
-            time.sleep(random.uniform(0.0, 2 * _settle_s()))
-            others = self._live_claims(name, claims)
-            if others:
-                raise LeaseHeld(f"{self.display}: {what}", _first(others))
-        mine["held"], mine["lost"] = True, False
-        self.write_text(rel, json.dumps(_public(mine)))
-        self._sweep(claims, mine["token"])
+        mine = self._claim(name, claims, lease_s, what)
+        rel = mine["rel"]
         stop = threading.Event()
 
         def renew() -> None:
@@ -295,6 +284,13 @@ class BucketRoot:
                         return
                     expires = time.time() + lease_s
                     self.write_text(rel, json.dumps({**_public(mine), "expires": expires}))
+                    if time.time() > mine["expires"]:
+                        # the renewal may have landed after the lease ran out, when another
+                        # run could already have taken it: give it up
+                        mine["lost"] = True
+                        with contextlib.suppress(UsageError, OSError):
+                            self.delete(rel)
+                        return
                     mine["expires"] = expires
                 except (UsageError, OSError):
                     if time.time() > mine["expires"]:
@@ -313,22 +309,82 @@ class BucketRoot:
             with contextlib.suppress(UsageError, OSError):
                 self.delete(rel)
 
-    def _live_claims(self, name: str, claims: str) -> list[dict]:
-        """Unexpired claims on a lease, with a lock object from older versions counted as one."""
+    def _claim(self, name: str, claims: str, lease_s: float, what: str) -> dict:
+        """Write a claim, settle, look; the claim held, or ``LeaseHeld``. Leaves no claim on error."""
+        settle = _settle_s()
+        for attempt in range(_CLAIM_ATTEMPTS):
+            mine = _holder(lease_s)
+            # A claim not yet held lives only as long as deciding takes, so one left by a
+            # run killed in the middle blocks nobody for long.
+            mine["expires"] = mine["started"] + 3 * settle
+            rel = mine["rel"] = f"{claims}/{mine['token']}.json"
+            try:
+                self.write_text(rel, json.dumps(_public(mine)))
+                time.sleep(settle)  # let a racing claim land before looking
+                others = self._live_claims(name, claims, mine["token"])
+                if not others and time.time() < mine["expires"]:
+                    mine["held"], mine["lost"] = True, False
+                    mine["expires"] = time.time() + lease_s
+                    self.write_text(rel, json.dumps(_public(mine)))
+                    # a run that judged our claim expired (a stall, a skewed clock) may have
+                    # won meanwhile: of two held claims, both give way
+                    rivals = self._live_claims(name, claims, mine["token"])
+                    others = [c for c in rivals if c.get("held", True)]
+                    if not others:
+                        self._sweep(claims, mine["token"])
+                        return mine
+            except BaseException:
+                with contextlib.suppress(UsageError, OSError):
+                    self.delete(rel)
+                raise
+            self.delete(rel)
+            if attempt == _CLAIM_ATTEMPTS - 1 or any(c.get("held", True) for c in others):
+                raise LeaseHeld(f"{self.display}: {what}", _first(others) if others else {})
+            # Both claimed at once and both saw the other: back off by a random amount so
+            # one of the two goes first next time, and step aside if it already has.
+            time.sleep(random.uniform(0.0, 2 * settle))
+            others = self._live_claims(name, claims)
+            if others:
+                raise LeaseHeld(f"{self.display}: {what}", _first(others))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _live_claims(self, name: str, claims: str, mine: str | None = None) -> list[dict]:
+        """Unexpired claims on a lease other than ``mine`` (a token), with a lock object from
+        older versions counted as one."""
         now, live = time.time(), []
         for rel in [*self.list_files(claims, "*.json"), name]:
-            try:
-                claim = _parse(self.read_text(rel)) if rel != name or self.exists(name) else {}
-            except UsageError:
-                continue  # withdrawn or swept between the listing and the read
-            if _number(claim.get("expires")) > now:
+            if mine is not None and rel == f"{claims}/{mine}.json":
+                continue
+            claim = self._read_claim(rel, legacy=rel == name)
+            if claim is not None and _number(claim.get("expires")) > now:
                 live.append(claim)
         return live
+
+    def _read_claim(self, rel: str, legacy: bool) -> dict | None:
+        """A claim's content; None once it is gone (withdrawn or swept since the listing)."""
+        for attempt in range(3):
+            try:
+                if legacy and not self.exists(rel):
+                    return None
+                return _parse(self.read_text(rel))
+            except UsageError:
+                # a renewal replacing the object under the read, or a claim deleted since
+                # the listing; one we still cannot read may be live: never take it as gone
+                if not self.exists(rel):
+                    return None
+                if attempt == 2:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        return None
 
     def _sweep(self, claims: str, token: str) -> None:
         """Delete expired claims of dead runs, so they do not pile up."""
         now = time.time()
-        for rel in self.list_files(claims, "*.json"):
+        try:
+            names = self.list_files(claims, "*.json")
+        except UsageError:
+            return  # the next holder sweeps them
+        for rel in names:
             if rel == f"{claims}/{token}.json":
                 continue
             with contextlib.suppress(UsageError, OSError):
@@ -340,7 +396,7 @@ class BucketRoot:
         if mine.get("lost") or time.time() > mine["expires"]:
             raise UsageError(f"{self.display}: this run lost the store's lease; nothing more is committed")
         mine_there = self.exists(f"{claims}/{mine['token']}.json")
-        others = [c for c in self._live_claims(name, claims) if c.get("token") != mine["token"]]
+        others = self._live_claims(name, claims, mine["token"])
         if not mine_there or any(c.get("held", True) for c in others):
             # A claim that is not (yet) held is a run in its settling wait; it will see ours
             # and step aside. A held one (or an older version's lock object) has replaced us.

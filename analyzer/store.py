@@ -190,6 +190,8 @@ class Store:
                 for old in record["batches"]:
                     superseded_at[old] = min(superseded_at.get(old, float("inf")), record["committed_at"])
         committed = parts - set(superseded_at)
+        if self._lease_check is not None:
+            self._lease_check()  # a writer that lost its lease deletes nothing another may use
         removed = 0
         for tmp in self.files.leftovers():
             self.files.delete(tmp)

@@ -162,8 +162,8 @@ def test_concurrent_runs_and_a_killed_run(server, tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     Store(killed).connect()  # readable after the kill
-    subprocess.run(_command(prefix, killed), env=env, check=True, capture_output=True)
-    subprocess.run(_command(prefix, store), env=env, check=True, capture_output=True)
+    _must(_command(prefix, killed), env)
+    _must(_command(prefix, store), env)
 
     local, clean = tmp_path / "mirror", tmp_path / "clean"
     _mirror(local, objects)
@@ -173,6 +173,12 @@ def test_concurrent_runs_and_a_killed_run(server, tmp_path):
         got = _all_rows(root)
         for table in want:
             assert got[table] == want[table], (root.name, table)
+
+
+def _must(command: list[str], env: dict[str, str]) -> None:
+    """Run an ingest that has to succeed; its error output is the failure message."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_bad_bucket_uris_are_clear_and_keep_secrets(server, tmp_path):
@@ -238,7 +244,7 @@ def test_store_in_the_bucket(server, tmp_path, fast_leases):
     busy = subprocess.run(_command(prefix, killed), env=env, capture_output=True, text=True)
     assert busy.returncode in (0, 2) and "Traceback" not in busy.stderr
     time.sleep(3.5)  # the dead run's lease has expired
-    subprocess.run(_command(prefix, killed), env=env, check=True, capture_output=True)
+    _must(_command(prefix, killed), env)
     got = _all_rows(killed)
     for table in want:
         assert got[table] == want[table], ("killed", table)
@@ -251,7 +257,7 @@ def test_store_in_the_bucket(server, tmp_path, fast_leases):
         _, err = run.communicate(timeout=120)
         assert run.returncode == 0 or (run.returncode == 2 and "another ingest is writing" in err), err
     time.sleep(3.5)
-    subprocess.run(_command(prefix, both), env=env, check=True, capture_output=True)
+    _must(_command(prefix, both), env)
     got = _all_rows(both)
     for table in want:
         assert got[table] == want[table], ("concurrent", table)
@@ -399,3 +405,79 @@ def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
     with store.writer_lock():
         assert len(_claims(server, "telemetry/swept")) == 1
         assert "dead.json" not in _claims(server, "telemetry/swept")
+
+
+def test_a_claim_left_by_a_run_killed_while_deciding_expires_in_seconds(server, fast_leases):
+    """A claim not yet held lives only as long as deciding takes (three settle times)."""
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    store = Store(server.uri("telemetry/undecided"))
+    store.init()
+    now = time.time()
+    undecided = {"token": "killed", "started": now, "expires": now + 3 * 0.3, "held": False}
+    server.put("telemetry/undecided/.writer.lock.d/killed.json", json.dumps(undecided).encode())
+    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
+        pass  # it is still deciding, as far as anyone can tell
+    time.sleep(max(0.0, now + 1.0 - time.time()))
+    with store.writer_lock():
+        assert _claims(server, "telemetry/undecided") != ["killed.json"]
+
+
+def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, monkeypatch):
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import json
+
+    import hybridtrace.storage as storage
+
+    store = Store(server.uri("telemetry/unreadable"))
+    store.init()
+    holder = {"token": "holder", "started": time.time(), "expires": time.time() + 60, "held": True}
+    server.put("telemetry/unreadable/.writer.lock.d/holder.json", json.dumps(holder).encode())
+    real_read = storage.BucketRoot.read_text
+
+    def flaky(self, rel: str) -> str:
+        if rel.endswith("holder.json"):
+            raise UsageError("cannot read it: 503 Slow Down")
+        return real_read(self, rel)
+
+    monkeypatch.setattr(storage.BucketRoot, "read_text", flaky)
+    with pytest.raises(UsageError, match="503"), store.writer_lock():
+        pass
+    assert _claims(server, "telemetry/unreadable") == ["holder.json"]
+
+
+def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatch):
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    import hybridtrace.storage as storage
+
+    store = Store(server.uri("telemetry/broken"))
+    store.init()
+    real_list, calls = storage.BucketRoot.list_files, []
+
+    def failing_second_listing(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        if rel.endswith(".d"):
+            calls.append(rel)
+            if len(calls) == 2:  # after our claim is written
+                raise UsageError("cannot list the store: connection reset")
+        return real_list(self, rel, pattern)
+
+    monkeypatch.setattr(storage.BucketRoot, "list_files", failing_second_listing)
+    with pytest.raises(UsageError, match="connection reset"), store.writer_lock():
+        pass
+    monkeypatch.setattr(storage.BucketRoot, "list_files", real_list)
+    assert _claims(server, "telemetry/broken") == []
+    with store.writer_lock():  # nothing blocks the next run
+        pass
+
+
+def test_a_lease_must_last(server, tmp_path):
+    if server.scheme == "file":
+        pytest.skip("local stores use a file lock")
+    store = Store(server.uri("telemetry/zero"))
+    store.init()
+    with pytest.raises(UsageError, match="positive"), store.writer_lock(lease_s=-1):
+        pass

@@ -123,4 +123,6 @@ def test_a_job_file_is_checked_whole_before_anything_is_written(tmp_path):
         load_job(_job(tmp_path, base.replace("[store]", "year = 0\n[store]")))
     with pytest.raises(Exception, match="unknown threshold 'slow_rank_ration'"):
         load_job(_job(tmp_path, base + "[thresholds]\nslow_rank_ration = 0.5\n"))
+    with pytest.raises(Exception, match="lease_s must be a positive number of seconds"):
+        load_job(_job(tmp_path, base + "[alert]\nlease_s = 0\n"))  # a lease that never holds
     assert not (tmp_path / "s").exists()
