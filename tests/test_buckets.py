@@ -287,15 +287,21 @@ def test_same_content_uploaded_again_is_not_opened_again(server, tmp_path, monke
     assert ingest([server.uri("telemetry/logs")], tmp_path / "s").objects_skipped == 1
 
 
-def test_a_writer_that_lost_its_lease_commits_nothing(server, tmp_path, fast_leases):
+def _bucket_store(server, name: str) -> Store:
+    """A new store under ``telemetry/<name>`` in the bucket; local folders use a file lock instead."""
     if server.scheme == "file":
         pytest.skip("local stores use a file lock")
+    store = Store(server.uri(f"telemetry/{name}"))
+    store.init()
+    return store
+
+
+def test_a_writer_that_lost_its_lease_commits_nothing(server, tmp_path, fast_leases):
     import json
 
     from hybridtrace.schema import table_schema
 
-    store = Store(server.uri("telemetry/store"))
-    store.init()
+    store = _bucket_store(server, "store")
     with store.writer_lock():
         # another run takes over (this one was paused past its lease, say)
         other = {"token": "someone-else", "expires": 1e12, "held": True}
@@ -325,14 +331,11 @@ def _claims(server, store: str) -> list[str]:
 def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_leases, monkeypatch):
     """The race a single lock object loses: the other run checked before we wrote and wrote
     after we read back. With a claim each, the later one sees the earlier and steps aside."""
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
     import json
 
     import hybridtrace.storage as storage
 
-    store = Store(server.uri("telemetry/settle"))
-    store.init()
+    store = _bucket_store(server, "settle")
     real_sleep, waits = time.sleep, []
 
     def racing_sleep(seconds: float) -> None:
@@ -371,14 +374,11 @@ def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_lea
 def test_a_settling_claim_does_not_stop_the_holder(server, fast_leases):
     """A run that claims while we hold is still settling: it will see us and leave, so our
     commits go on; a held claim or an older version's lock object means we were replaced."""
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
     import json
 
     from hybridtrace.schema import table_schema
 
-    store = Store(server.uri("telemetry/holder"))
-    store.init()
+    store = _bucket_store(server, "holder")
     empty = table_schema("sources").arrow_schema().empty_table()
     with store.writer_lock():
         settling = {"token": "newcomer", "expires": time.time() + 60, "held": False}
@@ -394,12 +394,9 @@ def test_a_settling_claim_does_not_stop_the_holder(server, fast_leases):
 
 
 def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
     import json
 
-    store = Store(server.uri("telemetry/swept"))
-    store.init()
+    store = _bucket_store(server, "swept")
     dead = {"token": "dead", "expires": time.time() - 1, "held": True}
     server.put("telemetry/swept/.writer.lock.d/dead.json", json.dumps(dead).encode())
     with store.writer_lock():
@@ -407,33 +404,47 @@ def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
         assert "dead.json" not in _claims(server, "telemetry/swept")
 
 
-def test_a_claim_left_by_a_run_killed_while_deciding_expires_in_seconds(server, fast_leases):
+def test_a_claim_left_by_a_run_killed_while_deciding_expires_in_seconds(server, fast_leases, monkeypatch):
     """A claim not yet held lives only as long as deciding takes (three settle times)."""
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
-    import json
-
-    store = Store(server.uri("telemetry/undecided"))
-    store.init()
-    now = time.time()
-    undecided = {"token": "killed", "started": now, "expires": now + 3 * 0.3, "held": False}
-    server.put("telemetry/undecided/.writer.lock.d/killed.json", json.dumps(undecided).encode())
-    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
-        pass  # it is still deciding, as far as anyone can tell
-    time.sleep(max(0.0, now + 1.0 - time.time()))
-    with store.writer_lock():
-        assert _claims(server, "telemetry/undecided") != ["killed.json"]
-
-
-def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, monkeypatch):
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
     import json
 
     import hybridtrace.storage as storage
 
-    store = Store(server.uri("telemetry/unreadable"))
-    store.init()
+    store = _bucket_store(server, "undecided")
+    start = time.time()
+    undecided = {"token": "killed", "started": start, "expires": start + 3 * 0.3, "held": False}
+    server.put("telemetry/undecided/.writer.lock.d/killed.json", json.dumps(undecided).encode())
+    while True:
+        try:
+            with store.writer_lock():
+                break
+        except UsageError as refused:
+            assert "another ingest is writing" in str(refused) and time.time() - start < 5
+    assert time.time() - start < 5 and _claims(server, "telemetry/undecided") == []  # swept, then released
+
+    # our own claim, while deciding, says so and expires three settle times after it was made
+    seen, real_sleep = [], time.sleep
+
+    def look(seconds: float) -> None:
+        for name in _claims(server, "telemetry/undecided"):
+            with server.filesystem.open_input_file(f"telemetry/undecided/.writer.lock.d/{name}") as handle:
+                seen.append(json.loads(handle.read()))
+        real_sleep(seconds)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(storage.time, "sleep", look)
+        with store.writer_lock():
+            pass
+    assert len(seen) == 1 and seen[0]["held"] is False
+    assert seen[0]["expires"] - seen[0]["started"] == pytest.approx(0.9)
+
+
+def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, monkeypatch):
+    import json
+
+    import hybridtrace.storage as storage
+
+    store = _bucket_store(server, "unreadable")
     holder = {"token": "holder", "started": time.time(), "expires": time.time() + 60, "held": True}
     server.put("telemetry/unreadable/.writer.lock.d/holder.json", json.dumps(holder).encode())
     real_read = storage.BucketRoot.read_text
@@ -450,12 +461,9 @@ def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, m
 
 
 def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatch):
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
     import hybridtrace.storage as storage
 
-    store = Store(server.uri("telemetry/broken"))
-    store.init()
+    store = _bucket_store(server, "broken")
     real_list, calls = storage.BucketRoot.list_files, []
 
     def failing_second_listing(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
@@ -475,9 +483,6 @@ def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatc
 
 
 def test_a_lease_must_last(server, tmp_path):
-    if server.scheme == "file":
-        pytest.skip("local stores use a file lock")
-    store = Store(server.uri("telemetry/zero"))
-    store.init()
+    store = _bucket_store(server, "zero")
     with pytest.raises(UsageError, match="positive"), store.writer_lock(lease_s=-1):
         pass
