@@ -34,6 +34,7 @@ The job file::
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ def load_job(path: str | Path) -> JobConfig:
 
     def number(section: dict, key: str, default: float) -> float:
         value = section.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
             raise UsageError(f"{path}: {key} must be a positive number of seconds, not {value!r}")
         return float(value)
 
@@ -163,7 +164,9 @@ def run_lock(store: str, lease_s: float, max_run_s: float = 3600.0) -> Iterator[
         with root_of(store).lock(".run.lock", lease_s, "an earlier run still holds the run lock"):
             yield
     except LeaseHeld as held:
-        started = float(held.holder.get("started", time.time()))
+        started = held.holder.get("started")
+        if not (isinstance(started, int | float) and math.isfinite(started)):
+            started = time.time()  # a claim that does not say when it started is not stuck
         raise Busy(held.holder, stuck=time.time() - started > max_run_s) from None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import socket
@@ -44,7 +45,19 @@ PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
 
 def _settle_s() -> float:
     """How long a new lease waits for a racing writer (HYBRIDTRACE_LEASE_SETTLE_S, default 2 s)."""
-    return float(os.environ.get("HYBRIDTRACE_LEASE_SETTLE_S", "2"))
+    text = os.environ.get("HYBRIDTRACE_LEASE_SETTLE_S", "2")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"HYBRIDTRACE_LEASE_SETTLE_S must be a positive number of seconds, not {text!r}")
+    return value
+
+
+# How much longer than three settle times an undecided claim lives: writing and listing
+# claims on a slow store must not outlast it.
+UNDECIDED_SLACK_S = 10.0
 
 
 class LeaseHeld(UsageError):
@@ -179,7 +192,7 @@ class BucketRoot:
     def read_text(self, rel: str) -> str:
         try:
             with self.fs.open_input_file(self.full(rel)) as handle:
-                return handle.read().decode()
+                return handle.read().decode(errors="replace")  # a damaged file fails as JSON
         except (OSError, ValueError) as exc:
             # ValueError: GCS replaced the object (a new generation) between open and read
             raise self._guard(f"read {rel}", exc) from exc
@@ -264,8 +277,10 @@ class BucketRoot:
         about the same time at least the later one sees the other and steps aside; if
         both see each other, both withdraw, wait a random moment and try again.
         """
-        if lease_s <= 0:
-            raise UsageError(f"{self.display}: a lease must last a positive time, not {lease_s:g} s")
+        settle = _settle_s()
+        if not (math.isfinite(lease_s) and lease_s >= 3 * settle):
+            raise UsageError(f"{self.display}: a lease must last at least three settle times "
+                             f"({3 * settle:g} s), not {lease_s:g} s")  # fmt: skip
         claims = f"{name}.d"
         held_elsewhere = [c for c in self._live_claims(name, claims) if c.get("held", True)]
         if held_elsewhere:
@@ -312,17 +327,24 @@ class BucketRoot:
     def _claim(self, name: str, claims: str, lease_s: float, what: str) -> dict:
         """Write a claim, settle, look; the claim held, or ``LeaseHeld``. Leaves no claim on error."""
         settle = _settle_s()
+        others: list[dict] = []
         for attempt in range(_CLAIM_ATTEMPTS):
             mine = _holder(lease_s)
             # A claim not yet held lives only as long as deciding takes, so one left by a
             # run killed in the middle blocks nobody for long.
-            mine["expires"] = mine["started"] + 3 * settle
+            mine["expires"] = mine["started"] + 3 * settle + UNDECIDED_SLACK_S
             rel = mine["rel"] = f"{claims}/{mine['token']}.json"
             try:
                 self.write_text(rel, json.dumps(_public(mine)))
                 time.sleep(settle)  # let a racing claim land before looking
                 others = self._live_claims(name, claims, mine["token"])
-                if not others and time.time() < mine["expires"]:
+                if time.time() >= mine["expires"]:
+                    # others may have taken our claim as dead meanwhile: the answer is void
+                    raise UsageError(
+                        f"{self.display}: the store answered too slowly to take the lease (writing "
+                        f"and listing a claim took over {2 * settle + UNDECIDED_SLACK_S:g} s)"
+                    )
+                if not others:
                     mine["held"], mine["lost"] = True, False
                     mine["expires"] = time.time() + lease_s
                     self.write_text(rel, json.dumps(_public(mine)))
@@ -333,11 +355,11 @@ class BucketRoot:
                     if not others:
                         self._sweep(claims, mine["token"])
                         return mine
+                self.delete(rel)
             except BaseException:
                 with contextlib.suppress(UsageError, OSError):
                     self.delete(rel)
                 raise
-            self.delete(rel)
             if attempt == _CLAIM_ATTEMPTS - 1 or any(c.get("held", True) for c in others):
                 raise LeaseHeld(f"{self.display}: {what}", _first(others) if others else {})
             # Both claimed at once and both saw the other: back off by a random amount so
