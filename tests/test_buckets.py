@@ -9,6 +9,7 @@ completed by the next.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from promgen import scrape
 from test_ingest_trace import _all_rows
 from tracegen import transfer_records
 
+import hybridtrace.storage as storage
 from hybridtrace.buckets import ObjectRef
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest.run import ingest
@@ -32,7 +34,6 @@ REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") == "1"
 
 
 def _jsonl(records: list[dict]) -> bytes:
-    import json
 
     return "".join(json.dumps(r) + "\n" for r in records).encode()
 
@@ -296,16 +297,34 @@ def _bucket_store(server, name: str) -> Store:
     return store
 
 
+def _claim_text(token: str, held: bool = True, expires_in: float = 60.0) -> str:
+    """Another run's claim on a store's writer lease, as it would write it."""
+
+    now = time.time()
+    return json.dumps({"token": token, "host": "elsewhere", "pid": 1, "started": now,
+                       "expires": now + expires_in, "held": held})  # fmt: skip
+
+
+def _put_claim(server, store: str, token: str, held: bool = True, expires_in: float = 60.0) -> None:
+    text = _claim_text(token, held, expires_in)
+    server.put(f"telemetry/{store}/.writer.lock.d/{token}.json", text.encode())
+
+
+def _refused(store: Store, match: str) -> UsageError:
+    """The error a run gets when it asks for the store's lease and may not have it."""
+    with pytest.raises(UsageError, match=match) as refused, store.writer_lock():
+        pass
+    return refused.value
+
+
 def test_a_writer_that_lost_its_lease_commits_nothing(server, tmp_path, fast_leases):
-    import json
 
     from hybridtrace.schema import table_schema
 
     store = _bucket_store(server, "store")
     with store.writer_lock():
         # another run takes over (this one was paused past its lease, say)
-        other = {"token": "someone-else", "expires": 1e12, "held": True}
-        server.put("telemetry/store/.writer.lock.d/someone-else.json", json.dumps(other).encode())
+        _put_claim(server, "store", "someone-else")
         with pytest.raises(UsageError, match="took over the store's lease"):
             store.write_batch("0" * 32, {}, table_schema("sources").arrow_schema().empty_table())
     assert store.committed_batches() == set()  # the commit record was never written
@@ -331,23 +350,19 @@ def _claims(server, store: str) -> list[str]:
 def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_leases, monkeypatch):
     """The race a single lock object loses: the other run checked before we wrote and wrote
     after we read back. With a claim each, the later one sees the earlier and steps aside."""
-    import json
 
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "settle")
     real_sleep, waits = time.sleep, []
 
     def racing_sleep(seconds: float) -> None:
         if not waits:  # the first wait is our settling one: another run claims meanwhile
-            other = {"token": "racer", "expires": time.time() + 60, "held": False, "started": time.time()}
-            server.put("telemetry/settle/.writer.lock.d/racer.json", json.dumps(other).encode())
+            _put_claim(server, "settle", "racer", held=False)
         waits.append(seconds)
         real_sleep(min(seconds, 0.05))
 
     monkeypatch.setattr(storage.time, "sleep", racing_sleep)
-    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
-        pass
+    _refused(store, "another ingest is writing")
     assert len(waits) == 2  # settled, saw the racer, withdrew, backed off, and saw it still there
     assert _claims(server, "telemetry/settle") == ["racer.json"]  # our claim is withdrawn
 
@@ -358,8 +373,7 @@ def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_lea
     def withdrawing_sleep(seconds: float) -> None:
         path = "telemetry/settle/.writer.lock.d/racer.json"
         if len(waits) == 0:
-            other = {"token": "racer", "expires": time.time() + 60, "held": False, "started": time.time()}
-            server.put(path, json.dumps(other).encode())
+            _put_claim(server, "settle", "racer", held=False)
         elif len(waits) == 1:
             server.delete(path)
         waits.append(seconds)
@@ -374,31 +388,26 @@ def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_lea
 def test_a_settling_claim_does_not_stop_the_holder(server, fast_leases):
     """A run that claims while we hold is still settling: it will see us and leave, so our
     commits go on; a held claim or an older version's lock object means we were replaced."""
-    import json
 
     from hybridtrace.schema import table_schema
 
     store = _bucket_store(server, "holder")
     empty = table_schema("sources").arrow_schema().empty_table()
     with store.writer_lock():
-        settling = {"token": "newcomer", "expires": time.time() + 60, "held": False}
-        server.put("telemetry/holder/.writer.lock.d/newcomer.json", json.dumps(settling).encode())
+        _put_claim(server, "holder", "newcomer", held=False)
         store.write_batch("1" * 32, {}, empty)
         server.put("telemetry/holder/.writer.lock", json.dumps({"token": "old", "expires": 1e12}).encode())
         with pytest.raises(UsageError, match="took over"):
             store.write_batch("2" * 32, {}, empty)
     assert store.committed_batches() == {"1" * 32}
     # the older version's lock object is honoured by the next run too
-    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
-        pass
+    _refused(store, "another ingest is writing")
 
 
 def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
-    import json
 
     store = _bucket_store(server, "swept")
-    dead = {"token": "dead", "expires": time.time() - 1, "held": True}
-    server.put("telemetry/swept/.writer.lock.d/dead.json", json.dumps(dead).encode())
+    _put_claim(server, "swept", "dead", expires_in=-1)
     with store.writer_lock():
         assert len(_claims(server, "telemetry/swept")) == 1
         assert "dead.json" not in _claims(server, "telemetry/swept")
@@ -407,9 +416,7 @@ def test_expired_claims_of_dead_runs_are_swept(server, fast_leases):
 def test_a_claim_left_by_a_run_killed_while_deciding_expires_soon(server, fast_leases, monkeypatch):
     """A claim not yet held lives only as long as deciding may take (three settle times and
     some slack for a slow store), not a whole lease."""
-    import json
 
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "undecided")
     start = time.time()
@@ -441,13 +448,10 @@ def test_a_claim_left_by_a_run_killed_while_deciding_expires_soon(server, fast_l
 
 
 def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, monkeypatch):
-    import json
 
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "unreadable")
-    holder = {"token": "holder", "started": time.time(), "expires": time.time() + 60, "held": True}
-    server.put("telemetry/unreadable/.writer.lock.d/holder.json", json.dumps(holder).encode())
+    _put_claim(server, "unreadable", "holder")
     real_read = storage.BucketRoot.read_text
 
     def flaky(self, rel: str) -> str:
@@ -456,13 +460,11 @@ def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, m
         return real_read(self, rel)
 
     monkeypatch.setattr(storage.BucketRoot, "read_text", flaky)
-    with pytest.raises(UsageError, match="503"), store.writer_lock():
-        pass
+    _refused(store, "503")
     assert _claims(server, "telemetry/unreadable") == ["holder.json"]
 
 
 def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatch):
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "broken")
     real_list, calls = storage.BucketRoot.list_files, []
@@ -475,8 +477,7 @@ def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatc
         return real_list(self, rel, pattern)
 
     monkeypatch.setattr(storage.BucketRoot, "list_files", failing_second_listing)
-    with pytest.raises(UsageError, match="connection reset"), store.writer_lock():
-        pass
+    _refused(store, "connection reset")
     monkeypatch.setattr(storage.BucketRoot, "list_files", real_list)
     assert _claims(server, "telemetry/broken") == []
     with store.writer_lock():  # nothing blocks the next run
@@ -491,24 +492,20 @@ def test_a_lease_must_last(server, tmp_path):
 
 
 def test_a_store_too_slow_to_decide_on_is_an_error_not_a_busy_store(server, fast_leases, monkeypatch):
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "slow")
     real_sleep = time.sleep
     monkeypatch.setattr(storage, "UNDECIDED_SLACK_S", 0.0)
     with monkeypatch.context() as patched:
         patched.setattr(storage.time, "sleep", lambda seconds: real_sleep(seconds + 0.7))  # a stall
-        with pytest.raises(UsageError, match="answered too slowly") as slow, store.writer_lock():
-            pass
-    assert not isinstance(slow.value, storage.LeaseHeld)
+        slow = _refused(store, "answered too slowly")
+    assert not isinstance(slow, storage.LeaseHeld)
     assert _claims(server, "telemetry/slow") == []
 
 
 def test_of_two_held_claims_both_give_way(server, fast_leases, monkeypatch):
     """A run that took our undecided claim for dead (a stall, a skewed clock) may hold too."""
-    import json
 
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "rival")
     real_write = storage.BucketRoot.write_text
@@ -516,17 +513,14 @@ def test_of_two_held_claims_both_give_way(server, fast_leases, monkeypatch):
     def rival_meanwhile(self, rel: str, text: str) -> None:
         real_write(self, rel, text)
         if ".writer.lock.d/" in rel and json.loads(text)["held"] and not rel.endswith("rival.json"):
-            rival = {"token": "rival", "started": time.time(), "expires": time.time() + 60, "held": True}
-            real_write(self, ".writer.lock.d/rival.json", json.dumps(rival))
+            real_write(self, ".writer.lock.d/rival.json", _claim_text("rival"))
 
     monkeypatch.setattr(storage.BucketRoot, "write_text", rival_meanwhile)
-    with pytest.raises(UsageError, match="another ingest is writing"), store.writer_lock():
-        pass
+    _refused(store, "another ingest is writing")
     assert _claims(server, "telemetry/rival") == ["rival.json"]
 
 
 def test_a_renewal_that_lands_late_gives_the_lease_up(server, fast_leases, monkeypatch):
-    import hybridtrace.storage as storage
 
     store = _bucket_store(server, "late")
     real_write, slow = storage.BucketRoot.write_text, []
@@ -548,7 +542,6 @@ def test_a_renewal_that_lands_late_gives_the_lease_up(server, fast_leases, monke
 
 
 def test_recovery_deletes_nothing_once_the_lease_is_lost(server, fast_leases):
-    import json
 
     import pyarrow.fs as pafs
 
@@ -556,8 +549,7 @@ def test_recovery_deletes_nothing_once_the_lease_is_lost(server, fast_leases):
     orphan = "telemetry/recover/transfers/part-" + "9" * 32 + "-0.parquet"
     with store.writer_lock():
         server.put(orphan, b"an interrupted batch's file")
-        rival = {"token": "rival", "started": time.time(), "expires": time.time() + 60, "held": True}
-        server.put("telemetry/recover/.writer.lock.d/rival.json", json.dumps(rival).encode())
+        _put_claim(server, "recover", "rival")
         with pytest.raises(UsageError, match="took over"):
             store.recover()
     assert server.filesystem.get_file_info(orphan).type == pafs.FileType.File
