@@ -106,6 +106,7 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
         groups = sized.kv_cache_groups
         row.update(
             kv_cache_dtype=sized.kv_cache_dtype,
+            mamba_cache_dtype=sized.mamba_cache_dtype,
             mamba_ssm_cache_dtype=sized.mamba_ssm_cache_dtype,
             attention_layers=sized.attention_layers,
             recurrent_layers=sized.recurrent_layers,

@@ -27,7 +27,6 @@ from hybridtrace.model import (
     size_model,
     worksheet,
 )
-from hybridtrace.model.dtypes import check_kv_flag
 from hybridtrace.output import OutputFormat, to_json, to_pairs, to_table
 
 if TYPE_CHECKING:
@@ -94,10 +93,12 @@ def model_command(
     ] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size; figures are per rank.")] = 1,
     kv_dtype: Annotated[
-        str, typer.Option(help="KV cache dtype: auto, bfloat16, float16, fp8 (fp8_e4m3, fp8_e5m2).")
+        str, typer.Option(help="KV cache dtype: auto, bfloat16, float16, float32, fp8 (fp8_e4m3, fp8_e5m2).")
     ] = "auto",
     mamba_dtype: Annotated[
-        str, typer.Option(help="Conv state dtype (and SSM state unless --ssm-dtype is given).")
+        str,
+        typer.Option(help="Conv state dtype (and SSM state unless --ssm-dtype is given or the family "
+                          "fixes it, as vLLM does: Nemotron-H keeps a float32 SSM state)."),
     ] = "auto",
     ssm_dtype: Annotated[str, typer.Option(help="SSM (temporal) state dtype.")] = "auto",
     mamba_cache_mode: Annotated[
@@ -119,7 +120,6 @@ def model_command(
 ) -> None:
     """The byte model of one model per TP rank, and the transfer worksheet."""
     tokens = parse_int_list(missing_tokens)
-    check_kv_flag(kv_dtype)
     if state_blocks < 0:
         raise UsageError("--state-blocks cannot be negative")
     if tp < 1:
@@ -601,7 +601,6 @@ def simulate_command(
     if not 0 <= cache_hit_rate <= 1:
         raise UsageError("--cache-hit-rate must be between 0 and 1")
     _check_seed(seed)
-    check_kv_flag(kv_dtype)
     _no_csv(fmt, "simulate")
     if parse_duration(duration) <= 0:
         raise UsageError("--duration must be positive")

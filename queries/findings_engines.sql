@@ -61,8 +61,8 @@ WHERE j.windows > 0 AND j.slow_windows >= _t('slow_rank_windows') * j.windows;
 -- Settings come from the engines' own records (trace `engine` records, log lines) and,
 -- for dtypes, from the byte model that resolves `auto` the way vLLM does, so `auto`
 -- against the dtype it stands for is no mismatch. A setting one side does not report is
--- not compared. Compared: KV cache dtype, KV layout, attention block size, Mamba SSM
--- dtype, Mamba cache mode, hybrid-allocator use, and the TP shape (one TP size must
+-- not compared. Compared: KV cache dtype, KV layout, attention block size, Mamba conv and
+-- SSM state dtypes, Mamba cache mode, hybrid-allocator use, and the TP shape (one TP size must
 -- divide the other for ranks to pair).
 CREATE OR REPLACE VIEW _engine_settings AS
 WITH e AS (
@@ -70,6 +70,7 @@ WITH e AS (
            arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
            arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
            _engine_block(block_tokens, groups, ts) AS block_tokens,
+           arg_max(mamba_cache_dtype, ts) FILTER (WHERE mamba_cache_dtype IS NOT NULL) AS conv_dtype,
            arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
            bool_or(hybrid_allocator) AS hybrid_allocator,
@@ -80,6 +81,7 @@ SELECT e.engine_id,
        coalesce(m.kv_cache_dtype, nullif(e.kv_cache_dtype, 'auto')) AS kv_cache_dtype,
        e.kv_layout,
        coalesce(e.block_tokens, m.block_tokens) AS block_tokens,
+       coalesce(m.mamba_cache_dtype, nullif(e.conv_dtype, 'auto')) AS mamba_cache_dtype,
        coalesce(m.mamba_ssm_cache_dtype, nullif(e.ssm_dtype, 'auto')) AS mamba_ssm_cache_dtype,
        e.mamba_cache_mode, e.hybrid_allocator,
        coalesce(e.tp_size, m.tp_size) AS tp_size
@@ -131,6 +133,8 @@ compared AS (
                CASE WHEN d.kv_layout <> r.kv_layout THEN 'KV layout ' || d.kv_layout || ' vs ' || r.kv_layout END,
                CASE WHEN d.block_tokens <> r.block_tokens
                     THEN 'block size ' || d.block_tokens || ' vs ' || r.block_tokens || ' tokens' END,
+               CASE WHEN d.mamba_cache_dtype <> r.mamba_cache_dtype
+                    THEN 'conv state dtype ' || d.mamba_cache_dtype || ' vs ' || r.mamba_cache_dtype END,
                CASE WHEN d.mamba_ssm_cache_dtype <> r.mamba_ssm_cache_dtype
                     THEN 'SSM state dtype ' || d.mamba_ssm_cache_dtype || ' vs ' || r.mamba_ssm_cache_dtype END,
                CASE WHEN d.mamba_cache_mode <> r.mamba_cache_mode
@@ -158,6 +162,7 @@ SELECT
         'decode_kv_cache_dtype', dec.kv_cache_dtype, 'prefill_kv_cache_dtype', pre.kv_cache_dtype,
         'decode_kv_layout', dec.kv_layout, 'prefill_kv_layout', pre.kv_layout,
         'decode_block_tokens', dec.block_tokens, 'prefill_block_tokens', pre.block_tokens,
+        'decode_mamba_cache_dtype', dec.mamba_cache_dtype, 'prefill_mamba_cache_dtype', pre.mamba_cache_dtype,
         'decode_mamba_ssm_cache_dtype', dec.mamba_ssm_cache_dtype,
         'prefill_mamba_ssm_cache_dtype', pre.mamba_ssm_cache_dtype,
         'decode_mamba_cache_mode', dec.mamba_cache_mode, 'prefill_mamba_cache_mode', pre.mamba_cache_mode,

@@ -63,7 +63,10 @@ GROUP BY engine_id, request_id, rank;
 
 -- finding_staging_copy: a read went through a host staging buffer: it says so
 -- (staging_bytes > 0), or either engine registered its KV cache in host memory
--- (kv_buffer_device cpu in the trace, or the log's host-buffer line).
+-- (kv_buffer_device cpu in the trace, or the log's host-buffer line), or it moved more
+-- than even the padded pages explain: beyond every page the allocator holds for it, the
+-- padding layers' included, by more than excess_min_bytes, and not as recurrent state
+-- (that excess is unsharded_state's).
 CREATE OR REPLACE VIEW _host_buffer_engines AS
 SELECT DISTINCT engine_id FROM engines WHERE kv_buffer_device = 'cpu' OR use_host_buffer;
 
@@ -73,6 +76,19 @@ FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers) p
 JOIN _host_buffer_engines h ON h.engine_id IN (p.engine_id, p.remote_engine_id)
 GROUP BY ALL;
 
+-- _beyond_reserved: the successful reads of successful requests that moved more than even
+-- the padded pages explain, and say nothing of staging (those are picked up as staged
+-- reads). A failed request's token counts do not say what its reads carried, so its reads
+-- are not judged.
+CREATE OR REPLACE VIEW _beyond_reserved AS
+SELECT engine_id, request_id, rank, remote_engine_id, remote_rank, ts
+FROM _excess_reads
+WHERE (engine_id, request_id) IN (SELECT (engine_id, request_id) FROM requests WHERE status = 'ok')
+  AND transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min_bytes')
+  AND coalesce(state_transported_bytes, transported_bytes - expected_attention_bytes)
+      < _t('unsharded_factor') * expected_state_bytes
+  AND coalesce(staging_bytes, 0) = 0;
+
 CREATE OR REPLACE VIEW finding_staging_copy AS
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
@@ -80,8 +96,12 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     CASE WHEN sum(t.staging_bytes) > 0
          THEN sum(t.staging_bytes) || ' bytes staged through host memory beside the network read'
-         ELSE 'the KV cache of ' || array_to_string(any_value(t.host_engines), ', ')
-              || ' sits in host memory: every read is copied device<->host beside the network read' END
+         WHEN any_value(t.host_engines) IS NOT NULL
+         THEN 'the KV cache of ' || array_to_string(any_value(t.host_engines), ', ')
+              || ' sits in host memory: every read is copied device<->host beside the network read'
+         ELSE (sum(t.transported_bytes) - sum(t.reserved_bytes) - sum(t.padding_layers_bytes))
+              || ' bytes crossed beyond every page the allocator holds for the request: the transport '
+              || 'counted more than KV (copies through a staging path)' END
         AS message,
     CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
         'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(t.reserved_bytes),
@@ -108,6 +128,11 @@ FROM (
             WHERE staging_bytes > 0
                OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
                OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
+            UNION ALL BY NAME
+            SELECT * FROM transfers
+            SEMI JOIN _beyond_reserved USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
+            WHERE NOT (coalesce(engine_id IN (SELECT engine_id FROM _host_buffer_engines), false)
+                       OR coalesce(remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines), false))
         ) t
         LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
     ) t

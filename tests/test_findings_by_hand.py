@@ -110,6 +110,7 @@ class Pair:
 PAD, SLOTS, STAGE, HOST, BND, CNT = (Pair(t) for t in ("pad", "slots", "stage", "host", "bnd", "cnt"))
 SLOW, DESC, EXP, FAIL = (Pair(t) for t in ("slow", "desc", "exp", "fail"))
 SHARD, CFG, BLK, RECO, STA = (Pair(t) for t in ("shard", "cfg", "blk", "reco", "sta"))
+EXTRA, CONV = Pair("extra"), Pair("conv")
 
 
 def padding_leak(fault: bool) -> list[dict]:
@@ -142,6 +143,14 @@ def staging_counted(fault: bool) -> list[dict]:
     reads = [CNT.read("r-cnt", k, T0, bytes=2 * EXPECTED if fault else EXPECTED,
                       staging_bytes=EXPECTED if fault else 0) for k in RANKS]  # fmt: skip
     return [*CNT.engines(decode=device), *reads, CNT.request("r-cnt", T0)]
+
+
+def unexplained_excess(fault: bool) -> list[dict]:
+    # Each read reports 4,000,000 B more than the payload, with no staging said and the KV on
+    # the GPU: 31,123,712 > reserved 27,525,120 + the padding layers' 1,376,256 + 4,096 of slack,
+    # and as state it would be 22,866,176 < 1.5 × 18,866,176, so not an unsharded pull.
+    reads = [EXTRA.read("r-extra", k, T0, bytes=EXPECTED + 4_000_000 if fault else EXPECTED) for k in RANKS]
+    return [*EXTRA.engines(), *reads, EXTRA.request("r-extra", T0)]
 
 
 def cpu_buffer(fault: bool) -> list[dict]:
@@ -215,6 +224,13 @@ def config_mismatch(fault: bool) -> list[dict]:
     return [*CFG.engines(prefill={"kv_cache_dtype": "fp8"} if fault else None), *CFG.handoff("r-cfg")]
 
 
+def conv_dtype_mismatch(fault: bool) -> list[dict]:
+    # The prefill engine keeps its conv state in float32, the decoder in bfloat16: the conv
+    # pages differ in size, so the state cannot be read across as it lies.
+    prefill = {"mamba_cache_dtype": "float32"} if fault else None
+    return [*CONV.engines(prefill=prefill), *CONV.handoff("r-conv")]
+
+
 def block_size_mismatch(fault: bool) -> list[dict]:
     # The prefill engine keeps vLLM's float32 SSM default: its Mamba page is 18,432 + 1,310,720
     # = 1,329,152 B, so its attention block is 16 × ceil(1,329,152 / 16,384) = 1,312 tokens against
@@ -272,6 +288,11 @@ SCENARIOS = {
         "reads": 4, "staging_bytes": 108_494_848, "transported_bytes": 216_989_696,
         "reserved_bytes": 110_100_480, "padding_layers_bytes": 5_505_024,
         "host_buffer_engines": ["decode-cnt"], "copies_counted_in_transport": True}),
+    # 4 × 31,123,712 = 124,494,848 transported against 4 × 27,525,120 = 110,100,480 reserved.
+    "staging_copy/unexplained": Scenario(
+        unexplained_excess, [("staging_copy", "decode-extra", "r-extra", None, "prefill-extra")], {
+        "reads": 4, "staging_bytes": 0, "transported_bytes": 124_494_848, "reserved_bytes": 110_100_480,
+        "padding_layers_bytes": 5_505_024, "host_buffer_engines": [], "copies_counted_in_transport": True}),
     "staging_copy/cpu_buffer": Scenario(
         cpu_buffer, [("staging_copy", "decode-host", "r-host", None, "prefill-host")], {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
@@ -307,6 +328,7 @@ SCENARIOS = {
         "differs": ["KV dtype bfloat16 vs fp8"],
         "decode_kv_cache_dtype": "bfloat16", "prefill_kv_cache_dtype": "fp8", "decode_kv_layout": "HND",
         "prefill_kv_layout": "HND", "decode_block_tokens": 672, "prefill_block_tokens": 672,
+        "decode_mamba_cache_dtype": "bfloat16", "prefill_mamba_cache_dtype": "bfloat16",
         "decode_mamba_ssm_cache_dtype": "bfloat16", "prefill_mamba_ssm_cache_dtype": "bfloat16",
         "decode_mamba_cache_mode": None, "prefill_mamba_cache_mode": None,
         "decode_tp_size": 4, "prefill_tp_size": 4, "handshake_mismatches": 0}),
@@ -314,6 +336,10 @@ SCENARIOS = {
         block_size_mismatch, [("config_mismatch", "decode-blk", None, None, "prefill-blk")], {
         "differs": ["block size 672 vs 1312 tokens", "SSM state dtype bfloat16 vs float32"],
         "decode_block_tokens": 672, "prefill_block_tokens": 1312}, exact=False),
+    "config_mismatch/conv_dtype": Scenario(
+        conv_dtype_mismatch, [("config_mismatch", "decode-conv", None, None, "prefill-conv")], {
+        "differs": ["conv state dtype bfloat16 vs float32"],
+        "decode_mamba_cache_dtype": "bfloat16", "prefill_mamba_cache_dtype": "float32"}, exact=False),
     "recompute_cheaper": Scenario(
         recompute_cheaper, [("recompute_cheaper", "decode-reco", "r-reco", None, "prefill-reco")], {
         "critical_path_s": 0.16, "prefill_s": 0.1, "prefill": "measured", "missing_tokens": 1000,

@@ -60,20 +60,6 @@ def check_kv_dtype(name: str) -> str:
     return canonical(name)
 
 
-def check_kv_flag(name: str) -> str:
-    """``--kv-dtype`` as vLLM's ``--kv-cache-dtype`` takes it: float32 is not among its
-    choices (a KV cache is float32 only when ``auto`` follows a float32 model, and an engine
-    record saying so is still sized)."""
-    resolved = canonical(name)
-    if resolved == "float32":
-        taken = ", ".join(k for k in KV_DTYPES if k != "float32")
-        raise UsageError(
-            f"--kv-dtype float32: vLLM does not take float32 as a KV-cache dtype (auto gives it on a "
-            f"float32 model; the choices are {taken})"
-        )
-    return resolved
-
-
 def check_state_dtype(name: str, option: str) -> str:
     resolved = canonical(name)
     if resolved in FP8_NAMES:
