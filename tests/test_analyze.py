@@ -8,7 +8,8 @@ import pytest
 
 from hybridtrace.analyze import KINDS, analyze
 from hybridtrace.ingest.run import ingest
-from hybridtrace.simulate import SimOptions, simulate
+from hybridtrace.model.catalog import builtin_names
+from hybridtrace.simulate import SimOptions, parse_inject, simulate
 from hybridtrace.store import Store
 
 RANKED = {"slow_rank", "unsharded_state", "transfer_failed"}
@@ -110,3 +111,15 @@ def test_cli_exit_codes(tmp_path):
     strict = subprocess.run([*base, "analyze", "--store", str(tmp_path / "empty-store"), "--strict"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert strict.returncode == 2 and "nothing to analyze" in strict.stderr
+
+
+@pytest.mark.parametrize("model", builtin_names())
+def test_every_builtin_model_gives_exactly_its_truth(tmp_path, model):
+    """What the simulator injects shows in the telemetry on every model, small or large,
+    hybrid or pure: the analyzer finds exactly the truth (the small state of a pure Mamba
+    model crosses within one engine step, and its pages need no padding)."""
+    options = SimOptions(seed=11, requests=300, model=model, inject=parse_inject("all"))
+    expected, found, _ = run(tmp_path, options)
+    assert expected, "nothing injected"
+    assert found - expected == set(), "findings the truth does not have"
+    assert expected - found == set(), "truth the analyzer missed"

@@ -38,6 +38,15 @@ _MESSAGES = {
     "recompute_cheaper": ("the handoff took longer than prefilling the missing prefix", "warning"),
 }
 REQUEST_KINDS = tuple(_MESSAGES)
+# The smallest per-read padding gap a padding leak is injected for: above the analyzer's
+# default slack (excess_min_bytes), so every injected leak is one it can see.
+PADDING_VISIBLE_BYTES = 4096
+# The slow rank's path: a tenth of its peers' link bandwidth, and two engine steps of added
+# latency. Completions are seen only at engine steps, which hides a bandwidth loss on small
+# reads (a small model's state crosses within one step either way); the latency keeps the
+# rank below the analyzer's default ratio (0.6) on every model.
+SLOW_RANK_BANDWIDTH = 0.1
+SLOW_RANK_DELAY_STEPS = 2
 
 
 @dataclass
@@ -222,8 +231,16 @@ def _requests(plan: Plan, offset: int, count: int, previous_arrival: float) -> p
     for kind in REQUEST_KINDS:
         if f"x_{kind}" not in frame.columns:
             frame = frame.with_columns(pl.lit(False).alias(f"x_{kind}"))
-    # A congested link would hide slow posting: a request gets one or the other.
-    frame = frame.with_columns(pl.col("x_recompute_cheaper") & ~pl.col("x_descriptor_bound"))
+    # A congested link would hide slow posting: a request gets one or the other. Padded
+    # pages only leak where the allocator pads: a model whose state pages need no padding
+    # (no attention layers to align with) moves the same bytes either way, so nothing leaks.
+    share = pl.max_horizontal(pl.lit(1), pl.col("remote_tp_size") // pl.col("tp_size"))
+    gap = (pl.col("padded_state") - pl.col("s_bytes")) // share
+    frame = frame.with_columns(
+        pl.col("x_recompute_cheaper") & ~pl.col("x_descriptor_bound"),
+        pl.col("x_padding_leak") & (gap > PADDING_VISIBLE_BYTES),
+        pl.col("x_unsharded_state") & (pl.col("s_bytes") > 0),  # no state, none to pull whole
+    )
     prefix = f"cmpl-{options.seed:x}"
     useless = pl.col("x_useless_boundary")
     half = pl.col("missing_tokens") // 2
@@ -314,13 +331,10 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         25.0
     ).otherwise(1.0)
     bandwidth = options.bandwidth_gb_s * 1e9 * (options.bandwidth_jitter * pl.col("z_bw")).exp()
+    slow = pl.lit(False)
     if options.inject.get("slow_rank") and decodes:
-        slow_engine, slow_rank = decodes[0].engine_id, decodes[0].tp_size - 1
-        bandwidth = (
-            pl.when((pl.col("engine_id") == slow_engine) & (pl.col("rank") == slow_rank))
-            .then(bandwidth * 0.3)
-            .otherwise(bandwidth)
-        )
+        slow = (pl.col("engine_id") == decodes[0].engine_id) & (pl.col("rank") == decodes[0].tp_size - 1)
+        bandwidth = pl.when(slow).then(bandwidth * SLOW_RANK_BANDWIDTH).otherwise(bandwidth)
     bandwidth = pl.when(pl.col("x_recompute_cheaper")).then(bandwidth * 0.02).otherwise(bandwidth)
     frame = frame.with_columns(
         descriptors.alias("descriptors"),
@@ -328,9 +342,10 @@ def _reads(plan: Plan, requests: pl.DataFrame, read_offset: int) -> pl.DataFrame
         (pl.col("attention") + pl.col("state")).alias("bytes"),
         bandwidth.alias("bandwidth"),
     )
-    fixed = options.fixed_cost_s * (options.fixed_cost_jitter * pl.col("z_fixed")).exp()
-    done = pl.col("post") + fixed + pl.col("post_s") + pl.col("bytes") / pl.col("bandwidth")
     poll = options.poll_interval_s
+    fixed = options.fixed_cost_s * (options.fixed_cost_jitter * pl.col("z_fixed")).exp()
+    fixed = fixed + pl.when(slow).then(SLOW_RANK_DELAY_STEPS * poll).otherwise(0.0)
+    done = pl.col("post") + fixed + pl.col("post_s") + pl.col("bytes") / pl.col("bandwidth")
     seen = (done / poll).ceil() * poll + 1e-6  # completion is observed at the next engine step
     status = (
         pl.when(pl.col("x_kv_expired"))
@@ -452,8 +467,12 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
         visible = pl.col(f"x_{kind}")
         if kind not in ("kv_expired", "staging_copy", "useless_boundary"):
             visible = visible & ~pl.col("x_kv_expired")
+        if kind == "descriptor_bound":
+            # a slow rank's long wait can outweigh the slow posting of the request's reads
+            visible = visible & (pl.col("post_sum") >= 0.5 * pl.col("xfer_sum"))
         if kind == "recompute_cheaper":
-            visible = visible & (pl.col("status") == "ok")
+            # a congested link on a small state may still beat prefilling a long prefix
+            visible = visible & (pl.col("status") == "ok") & (pl.col("critical_s") > pl.col("prefill_s"))
         if kind == "unsharded_state":
             visible = visible & ~pl.col("x_transfer_failed")
         hits = requests.filter(visible)
