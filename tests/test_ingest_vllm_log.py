@@ -219,6 +219,32 @@ def test_unparseable_recognised_line_is_a_reject(tmp_path):
     assert rejects == [(1, "KV Transfer metrics line whose fields do not parse"), (2, "invalid UTF-8")]
 
 
+@pytest.mark.parametrize(
+    ("message", "what"),
+    [
+        ("Setting attention block size to lots tokens to ensure that attention page size is >= mamba page "
+         "size.", "attention block size"),
+        ("Padding mamba page size by abc% to ensure that mamba page size and attention page size are exactly "
+         "equal.", "Mamba page padding"),
+        ("GPU KV cache size: many tokens", "KV cache size"),
+        ("Hybrid SSM registration: layers=28, mamba_ssm_size=(a, b)", "Hybrid SSM registration"),
+        ("Releasing expired KV blocks for request r1 which were retrieved by 0 decode worker(s) within many "
+         "seconds.", "KV expiry"),
+        ("NIXL transfer failure: transfer_failed | Context: {'request_id': 'r2', 'remote_engine_id'",
+         "NIXL transfer failure"),
+    ],
+)  # fmt: skip
+def test_every_recognised_line_that_does_not_parse_is_a_reject(tmp_path, message, what):
+    path = tmp_path / "in" / "a" / "vllm.log"
+    path.parent.mkdir(parents=True)
+    path.write_text(vllm_line(message, process="EngineCore_DP0 pid=1", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects") == [
+        (1, f"{what} line whose fields do not parse")
+    ]
+    assert rows(tmp_path / "s", "SELECT count(*) FROM log_events") == [(0,)]  # not a generic warning
+
+
 def test_a_log_whose_every_line_a_collector_stamped_is_recognised(tmp_path):
     for name, wrap in (("k8s", "2026-04-21T10:05:21.123456789Z "), ("pipe", "2026-04-21 10:05:21.213 | ")):
         text = "\n".join(

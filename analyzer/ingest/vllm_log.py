@@ -133,6 +133,24 @@ _REGISTER = re.compile(
     r"Registering KV_Caches\. use_mla: (\w+), kv_buffer_device: (\w+), use_host_buffer: (\w+)"
 )
 _LAYOUT = re.compile(r"Detected kv cache layout (\w+)")
+# The openings of the lines read above: a line that opens so but did not parse (a number
+# that is not one, a context cut short) is a reject, never a silent generic event.
+_RECOGNISED = tuple(
+    (re.compile(opening), what)
+    for opening, what in (
+        (r"Setting attention block size to ", "attention block size"),
+        (r"Padding mamba page size by ", "Mamba page padding"),
+        (r"Add \S+ padding layers", "padding layers"),
+        (r"GPU KV cache size: ", "KV cache size"),
+        (r"Maximum concurrency for ", "maximum concurrency"),
+        (r"Hybrid SSM registration:", "Hybrid SSM registration"),
+        (r"Registering KV_Caches\.", "KV cache registration"),
+        (r"Detected kv cache layout", "KV cache layout"),
+        (r"Releasing expired KV blocks for request ", "KV expiry"),
+        (r"NIXL transfer failure: ", "NIXL transfer failure"),
+        (r"Failing \S+ request\(s\) due to KV load failure", "KV load failure"),
+    )
+)
 # The local TP size a decode worker states: the transfer plan (any variant, such as
 # TransferTopology.mamba), or the hetero-TP config of the worker.py era (the reader is D).
 _TOPOLOGY = re.compile(
@@ -689,6 +707,10 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
     if match := _HASH_MISMATCH.search(message):
         emit("handshake_mismatch", details={"local_hash": match.group(1), "remote_hash": match.group(2)})
         return
+    for opening, what in _RECOGNISED:
+        if opening.search(message):
+            reject(f"{what} line whose fields do not parse")
+            return
     if event["level"] in ("WARNING", "ERROR", "CRITICAL"):
         emit(event["level"].lower())
 
