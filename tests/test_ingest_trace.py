@@ -152,6 +152,25 @@ def test_rotated_gzip_copy_adds_no_duplicates(tmp_path):
     summary = ingest([data], store)
     assert summary.duplicates == 31  # 20 transfers + 10 requests + 1 engine, all already held
     assert counts(store) == before
+    # the copy's manifest row says it added nothing, and why
+    copy = Store(store).connect().sql(
+        "SELECT rows, duplicates FROM sources WHERE uri LIKE '%trace.jsonl.1.gz'"
+    ).fetchall()
+    assert [(json.loads(r), d) for r, d in copy] == [({"transfers": 0, "requests": 0, "engines": 0}, 31)]
+
+
+def test_a_line_repeated_in_one_file_counts_once_in_its_rows(tmp_path):
+    records = transfer_records(3)
+    path = tmp_path / "in" / "trace.jsonl"
+    path.parent.mkdir()
+    lines = [json.dumps(r) for r in records]
+    path.write_text("\n".join([*lines, lines[0]]) + "\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "store")
+    manifest = Store(tmp_path / "store").connect().sql("SELECT rows, duplicates FROM sources")
+    ((rows, duplicates),) = manifest.fetchall()
+    written = counts(tmp_path / "store")
+    assert duplicates == summary.duplicates == 1
+    assert {k: v for k, v in json.loads(rows).items() if v} == {k: v for k, v in written.items() if v}
 
 
 def test_bad_input_ends_in_rejects_and_sources(tmp_path):

@@ -1024,6 +1024,7 @@ def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> int:
     config_rejects = 0
     tables: dict[str, pa.Table] = {}
     duplicates_by_source: dict[str, int] = {}
+    lost_rows: dict[tuple[str, str], int] = {}  # (source, table) → rows dropped as duplicates
     for row in batch.sources:
         error = row.pop("_config_error", None)
         if error:
@@ -1045,12 +1046,19 @@ def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> int:
                         duplicates_by_source[item["values"]] = (
                             duplicates_by_source.get(item["values"], 0) + lost
                         )
+                        lost_rows[(item["values"], name)] = lost
             data = kept
             summary.duplicates += dropped
         tables[name] = data
         summary.rows[name] = summary.rows.get(name, 0) + data.num_rows
     for row in batch.sources:
         row["duplicates"] = duplicates_by_source.get(row["source_id"], 0)
+        if row["duplicates"] and row.get("rows"):
+            # `rows` counts what the object added to the store: its duplicates are not written
+            counts = json.loads(row["rows"])
+            for table in counts:
+                counts[table] -= lost_rows.get((row["source_id"], table), 0)
+            row["rows"] = json.dumps(counts)
     sources = pa.Table.from_pylist(batch.sources, schema=table_schema("sources").arrow_schema())
     store.write_batch(batch.id, tables, sources)
     return config_rejects
