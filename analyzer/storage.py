@@ -285,7 +285,7 @@ class BucketRoot:
         held_elsewhere = [c for c in self._live_claims(name, claims) if c.get("held", True)]
         if held_elsewhere:
             raise LeaseHeld(f"{self.display}: {what}", _first(held_elsewhere))
-        mine = self._claim(name, claims, lease_s, what)
+        mine = self._claim(name, claims, lease_s, settle, what)
         rel = mine["rel"]
         stop = threading.Event()
 
@@ -324,9 +324,8 @@ class BucketRoot:
             with contextlib.suppress(UsageError, OSError):
                 self.delete(rel)
 
-    def _claim(self, name: str, claims: str, lease_s: float, what: str) -> dict:
+    def _claim(self, name: str, claims: str, lease_s: float, settle: float, what: str) -> dict:
         """Write a claim, settle, look; the claim held, or ``LeaseHeld``. Leaves no claim on error."""
-        settle = _settle_s()
         others: list[dict] = []
         for attempt in range(_CLAIM_ATTEMPTS):
             mine = _holder(lease_s)

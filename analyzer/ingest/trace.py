@@ -82,6 +82,8 @@ RECORD_TYPES = {
     "request": ("requests", _REQUEST),
     "engine": ("engines", _ENGINE),
 }
+
+
 def _epoch() -> tuple[str, str, pl.Expr]:
     low, high = EPOCH_RANGE
     return ("ts", f"ts BETWEEN {low} AND {high}", pl.col("ts").is_null() | pl.col("ts").is_between(low, high))
