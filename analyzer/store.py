@@ -373,7 +373,14 @@ class Store:
         con = duckdb.connect(":memory:")
         try:
             source = self.files.scan(con, table, files, schema.arrow_schema())
-            return con.sql(f"SELECT {', '.join(schema.key)} FROM {source}{where}").to_arrow_table()
+            try:
+                return con.sql(f"SELECT {', '.join(schema.key)} FROM {source}{where}").to_arrow_table()
+            except duckdb.BinderException:
+                # files written before a key column existed (engines.rank): it reads as null
+                present = {row[0] for row in con.sql(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+                types = {c.name: c.duckdb_type for c in schema.columns}
+                keys = [k if k in present else f"CAST(NULL AS {types[k]}) AS {k}" for k in schema.key]
+                return con.sql(f"SELECT {', '.join(keys)} FROM {source}{where}").to_arrow_table()
         finally:
             con.close()
 

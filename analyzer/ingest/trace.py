@@ -1,128 +1,75 @@
-"""Connector trace v1 (JSON Lines) → ``transfers``, ``requests``, ``engines`` rows.
+"""Connector trace v1 (JSON Lines) → ``transfers``, ``requests``, ``engines`` and ``log_events`` rows.
 
+What the format is (record types, fields, types, checks, the table each type fills) is
+read from its one definition, ``hybridtrace.trace_v1``; this module only reads it fast.
 Two vectorised paths. A chunk of clean lines (the usual case) is read by polars'
 NDJSON reader against a fixed schema and checked in bulk. A chunk that fails any check
 goes through DuckDB line by line-in-bulk: every line is decoded and parsed once, and the
 bad ones are diagnosed. A record is rejected (never dropped) when its bytes are not
 UTF-8, it is not a JSON object, its ``type``/``v`` is unknown, a required field is
-missing, a field has the wrong type, or a TP size or rank is out of range. Unknown extra
-fields are ignored; an id given as a number is read as its text. Both paths give the
-same rows.
+missing, a field has the wrong type, an enum has another value, or a value is out of its
+range (a TP size below 1, a rank outside its TP, a time that is not epoch seconds, a
+count below zero). Unknown extra fields are ignored; an id given as a number is read as
+its text. ``release`` and ``dropped`` records become ``log_events`` rows, as the log
+lines they stand for do. Both paths give the same rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from hybridtrace import trace_v1
 from hybridtrace.schema import table_schema
-from hybridtrace.units import EPOCH_RANGE
+from hybridtrace.trace_v1 import Field, RecordType
 
 RAW_LIMIT = 512
 
-# Field specs per record type: (trace field, column, DuckDB type, required).
-_TRANSFER = (
-    ("ts", "ts", "DOUBLE", True),
-    ("request_id", "request_id", "VARCHAR", True),
-    ("remote_request_id", "remote_request_id", "VARCHAR", False),
-    ("engine_id", "engine_id", "VARCHAR", True),
-    ("remote_engine_id", "remote_engine_id", "VARCHAR", True),
-    ("rank", "rank", "INTEGER", True),
-    ("tp_size", "tp_size", "INTEGER", True),
-    ("remote_rank", "remote_rank", "INTEGER", True),
-    ("remote_tp_size", "remote_tp_size", "INTEGER", True),
-    ("status", "status", "VARCHAR", True),
-    ("post_s", "post_s", "DOUBLE", False),
-    ("xfer_s", "xfer_s", "DOUBLE", True),
-    ("bytes", "transported_bytes", "BIGINT", True),
-    ("descriptors", "descriptors", "BIGINT", False),
-    ("staging_bytes", "staging_bytes", "BIGINT", False),
-    ("link", "link", "VARCHAR", False),
-    ("groups", "groups", "JSON", False),
-)
-_REQUEST = (
-    ("ts", "ts", "DOUBLE", True),
-    ("request_id", "request_id", "VARCHAR", True),
-    ("remote_request_id", "remote_request_id", "VARCHAR", False),
-    ("engine_id", "engine_id", "VARCHAR", True),
-    ("remote_engine_id", "remote_engine_id", "VARCHAR", False),
-    ("prompt_tokens", "prompt_tokens", "BIGINT", False),
-    ("cached_tokens", "cached_tokens", "BIGINT", False),
-    ("missing_tokens", "missing_tokens", "BIGINT", True),
-    ("transferred_tokens", "transferred_tokens", "BIGINT", False),
-    ("reused_tokens", "reused_tokens", "BIGINT", False),
-    ("recomputed_tokens", "recomputed_tokens", "BIGINT", False),
-    ("state_blocks", "state_blocks", "BIGINT", False),
-    ("boundary_tokens", "boundary_tokens", "BIGINT", False),
-    ("prefill_s", "prefill_s", "DOUBLE", False),
-    ("status", "status", "VARCHAR", False),
-)
-_ENGINE = (
-    ("ts", "ts", "DOUBLE", False),
-    ("engine_id", "engine_id", "VARCHAR", True),
-    ("role", "role", "VARCHAR", True),
-    ("model", "model", "VARCHAR", False),
-    ("tp_size", "tp_size", "INTEGER", True),
-    ("kv_cache_dtype", "kv_cache_dtype", "VARCHAR", False),
-    ("kv_buffer_device", "kv_buffer_device", "VARCHAR", False),
-    ("kv_layout", "kv_layout", "VARCHAR", False),
-    ("mamba_cache_dtype", "mamba_cache_dtype", "VARCHAR", False),
-    ("mamba_ssm_cache_dtype", "mamba_ssm_cache_dtype", "VARCHAR", False),
-    ("mamba_cache_mode", "mamba_cache_mode", "VARCHAR", False),
-    ("hybrid_allocator", "hybrid_allocator", "BOOLEAN", False),
-    ("conv_layout", "conv_layout", "VARCHAR", False),
-    ("vllm_version", "vllm_version", "VARCHAR", False),
-    ("groups", "groups", "JSON", False),
-)
-RECORD_TYPES = {
-    "transfer": ("transfers", _TRANSFER),
-    "request": ("requests", _REQUEST),
-    "engine": ("engines", _ENGINE),
+# Every record type, its fields, their checks and the table they fill come from the one
+# definition (schemas/trace_v1.toml), which the connector and the docs read too.
+RECORD_TYPES: dict[str, RecordType] = dict(trace_v1.RECORD_TYPES)
+_SQL_TYPES = {
+    "float64": "DOUBLE",
+    "int64": "BIGINT",
+    "int32": "INTEGER",
+    "string": "VARCHAR",
+    "bool": "BOOLEAN",
+    "groups": "JSON",
 }
+_TABLES = tuple(dict.fromkeys(rtype.table for rtype in RECORD_TYPES.values()))
 
 
-def _epoch() -> tuple[str, str, pl.Expr]:
-    low, high = EPOCH_RANGE
-    return ("ts", f"ts BETWEEN {low} AND {high}", pl.col("ts").is_null() | pl.col("ts").is_between(low, high))
+def _range_sql(f: Field) -> str:
+    """The range of ``f`` as an SQL condition on the typed values (``v_<field>``)."""
+    value = f"v_{f.name}"
+    if f.range == "non_negative":
+        return f"{value} >= 0"
+    if f.range == "epoch":
+        low, high = trace_v1.EPOCH_RANGE
+        return f"{value} BETWEEN {low} AND {high}"
+    if f.range == "tp_size":
+        return f"{value} >= 1"
+    return f"{value} BETWEEN 0 AND v_{f.within} - 1"
 
 
-def _not_negative(*fields: tuple[str, str]) -> tuple[tuple[str, str, pl.Expr], ...]:
-    """Counts, bytes and times below zero: (trace field, column) pairs; a missing value passes."""
-    return tuple(
-        (name, f"{column} >= 0", pl.col(name).is_null() | (pl.col(name) >= 0)) for name, column in fields
-    )
-
-
-# Values a field's type allows but a deployment cannot have, per record type:
-# (trace field, SQL condition on table columns, polars condition on trace fields). A
-# TP size below 1 or a rank outside its TP would divide by zero or count a rank twice.
-_RANGES = {
-    "transfer": (
-        ("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1),
-        ("remote_tp_size", "remote_tp_size >= 1", pl.col("remote_tp_size") >= 1),
-        ("rank", "rank BETWEEN 0 AND tp_size - 1", pl.col("rank").is_between(0, pl.col("tp_size") - 1)),
-        ("remote_rank", "remote_rank BETWEEN 0 AND remote_tp_size - 1",
-         pl.col("remote_rank").is_between(0, pl.col("remote_tp_size") - 1)),
-        _epoch(),
-        *_not_negative(("post_s", "post_s"), ("xfer_s", "xfer_s"), ("bytes", "transported_bytes"),
-                       ("descriptors", "descriptors"), ("staging_bytes", "staging_bytes")),
-    ),
-    "request": (
-        _epoch(),
-        *_not_negative(*((name, name) for name in (
-            "prompt_tokens", "cached_tokens", "missing_tokens", "transferred_tokens", "reused_tokens",
-            "recomputed_tokens", "state_blocks", "boundary_tokens", "prefill_s"))),
-    ),
-    "engine": (("tp_size", "tp_size >= 1", pl.col("tp_size") >= 1), _epoch()),
-}  # fmt: skip
-_ENUMS = {
-    "transfer": {"status": ("ok", "failed", "expired")},
-    "request": {"status": ("ok", "failed", "expired", "recomputed")},
-    "engine": {"role": ("prefill", "decode")},
-}
+def _range_polars(f: Field) -> pl.Expr:
+    """The same range on the fast path's frame; a missing value passes (a required one is
+    caught by its own check)."""
+    value = pl.col(f.name)
+    if f.range == "non_negative":
+        held = value >= 0
+    elif f.range == "epoch":
+        held = value.is_between(*trace_v1.EPOCH_RANGE)
+    elif f.range == "tp_size":
+        held = value >= 1
+    else:  # a TP size below 1 or a rank outside its TP would divide by zero or count a rank twice
+        held = value.is_between(0, pl.col(f.within) - 1)
+    return value.is_null() | held
 
 
 def looks_like_trace(head: bytes, lines: int = 8) -> bool:
@@ -149,19 +96,9 @@ def looks_like_trace(head: bytes, lines: int = 8) -> bool:
     return False
 
 
-# Keys a KV-cache group may carry, in trace `engine` and `transfer` records.
-GROUP_FIELDS = {
-    "group": "BIGINT",
-    "kind": "VARCHAR",
-    "layers": "BIGINT",
-    "padding_layers": "BIGINT",
-    "block_tokens": "BIGINT",
-    "page_bytes": "BIGINT",
-    "state_bytes": "BIGINT",
-    "blocks": "BIGINT",
-    "bytes": "BIGINT",
-    "descriptors": "BIGINT",
-}
+# Keys a KV-cache group may carry, in trace `engine` and `transfer` records, in the order
+# the store's JSON text of `groups` has them.
+GROUP_FIELDS = {g.name: _SQL_TYPES[g.type] for g in trace_v1.GROUP_FIELDS}
 _GROUPS_SQL = json.dumps([GROUP_FIELDS])
 _POLARS = {
     "DOUBLE": pl.Float64,
@@ -175,16 +112,20 @@ _GROUP_STRUCT = pl.List(pl.Struct({k: _POLARS[v] for k, v in GROUP_FIELDS.items(
 
 def _polars_schema() -> dict[str, pl.DataType]:
     schema: dict[str, pl.DataType] = {"type": pl.String, "v": pl.Int64}
-    for _, fields in RECORD_TYPES.values():
-        for name, _, kind, _ in fields:
-            wanted = _GROUP_STRUCT if kind == "JSON" else _POLARS[kind]
-            if schema.get(name, wanted) != wanted:
-                raise ValueError(f"trace field {name} has two types")
-            schema[name] = wanted
+    for rtype in RECORD_TYPES.values():
+        for f in rtype.fields:
+            wanted = _GROUP_STRUCT if f.type == "groups" else _POLARS[_SQL_TYPES[f.type]]
+            if schema.get(f.name, wanted) != wanted:
+                raise ValueError(f"trace field {f.name} has two types")
+            schema[f.name] = wanted
     return schema
 
 
 _SCHEMA = None
+
+
+def _empty_tables() -> dict[str, pa.Table]:
+    return {table: table_schema(table).arrow_schema().empty_table() for table in _TABLES}
 
 
 def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> dict[str, pa.Table] | None:
@@ -204,35 +145,39 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
         if dtype == pl.String:
             text = pl.col(name).str
             checks.append(~(text.starts_with("{") | text.starts_with("[")).fill_null(False))
-    for rtype, (_, fields) in RECORD_TYPES.items():
-        of_type = pl.col("type") == rtype
-        for name, _, _, required in fields:
-            if required:
-                checks.append(~of_type | pl.col(name).is_not_null())
-        for column, allowed in _ENUMS.get(rtype, {}).items():
-            name = next(n for n, c, _, _ in fields if c == column)
-            checks.append(~of_type | pl.col(name).is_in(list(allowed)) | pl.col(name).is_null())
-        for _, _, allowed in _RANGES.get(rtype, ()):
-            checks.append(~of_type | allowed.fill_null(False))
+    for rtype in RECORD_TYPES.values():
+        of_type = pl.col("type") == rtype.name
+        for f in rtype.fields:
+            if f.required:
+                checks.append(~of_type | pl.col(f.name).is_not_null())
+        for f in rtype.enums:
+            checks.append(~of_type | pl.col(f.name).is_in(list(f.enum or ())) | pl.col(f.name).is_null())
+        for f in rtype.ranged:
+            checks.append(~of_type | _range_polars(f).fill_null(False))
     if not frame.select(pl.all_horizontal(checks).all()).item():
         return None
     frame = frame.with_columns(
         pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
     )
-    tables: dict[str, pa.Table] = {}
+    tables = _empty_tables()
+    events: list[pa.Table] = []
     counts = dict(frame["type"].value_counts().iter_rows())
-    for rtype, (table, fields) in RECORD_TYPES.items():
-        schema = table_schema(table)
-        if not counts.get(rtype):
-            tables[table] = schema.arrow_schema().empty_table()
+    for rtype in RECORD_TYPES.values():
+        if not counts.get(rtype.name):
             continue
-        part = frame if counts[rtype] == frame.height else frame.filter(pl.col("type") == rtype)
-        columns = [pl.col(name).alias(column) for name, column, _, _ in fields]
+        part = frame if counts[rtype.name] == frame.height else frame.filter(pl.col("type") == rtype.name)
+        if rtype.is_event:
+            typed = part.select(*[pl.col(f.name) for f in rtype.fields], pl.col("line_number"))
+            events.append(_event_rows(rtype, typed.to_arrow(), source_id))
+            continue
+        table = rtype.table
+        columns = [pl.col(f.name).alias(f.column or f.name) for f in rtype.fields]
         out = part.select([*columns, pl.col("line_number"), pl.lit(source_id).alias("source_id")])
         if table == "transfers":
             out = out.with_columns(_group_bytes_polars())
-        for _, column, kind, _ in fields:
-            if kind == "JSON" and out[column].null_count() < out.height:
+        for f in rtype.fields:
+            column = f.column or f.name
+            if f.type == "groups" and out[column].null_count() < out.height:
                 encoded = (
                     pl.struct(pl.col(column).alias("g"))
                     .struct.json_encode()
@@ -242,15 +187,62 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
                 out = out.with_columns(
                     pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
                 )
-            elif kind == "JSON":
+            elif f.type == "groups":
                 out = out.with_columns(pl.lit(None, pl.String).alias(column))
-        if any(column == "ts" for _, column, _, _ in fields):
+        if "ts" in rtype.names:
             day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
             out = out.with_columns(day.alias("day"))
         if table == "engines":
             out = out.with_columns(pl.lit("trace").alias("source_kind"))
-        tables[table] = schema.conform(out.to_arrow())
+        tables[table] = table_schema(table).conform(out.to_arrow())
+    if events:
+        tables["log_events"] = pa.concat_tables(events)
     return tables
+
+
+# Records read as log_events rows say in one line what happened, like the log line they stand for.
+def _event_message(rtype: RecordType, fields: dict) -> str:
+    if rtype.kind == "kv_expired":
+        blocks = f"{fields['blocks']} KV blocks" if fields.get("blocks") is not None else "the KV blocks"
+        return (
+            f"released {blocks} of request {fields.get('request_id')} ({fields.get('reason', 'expired')}): "
+            "the lease ran out before the decoder read them"
+        )
+    if rtype.kind == "trace_dropped":
+        return f"the trace writer dropped {fields.get('records')} records"
+    return f"trace {rtype.name} record"
+
+
+def _event_rows(rtype: RecordType, typed: pa.Table, source_id: str) -> pa.Table:
+    """``log_events`` rows of records of an event type, from their typed fields.
+
+    Both paths call this with the same typed values, so both give the same rows. The hash
+    names the record by its content, not by where it was read: the same record read twice
+    is a duplicate, as the same log line is.
+    """
+    rows = []
+    for record in typed.to_pylist():
+        line = record.pop("line_number")
+        fields = {name: value for name, value in record.items() if value is not None}
+        details = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+        row = {f.column: fields.get(f.name) for f in rtype.fields if f.column}
+        row.update(
+            process="trace",
+            level=rtype.level,
+            kind=rtype.kind,
+            message=_event_message(rtype, fields),
+            details=details,
+            event_hash=hashlib.md5(f"{rtype.name}|{details}".encode()).hexdigest(),
+            source_id=source_id,
+            line_number=line,
+        )
+        rows.append(row)
+    schema = table_schema("log_events")
+    table = schema.conform(pa.Table.from_pylist(rows)) if rows else schema.arrow_schema().empty_table()
+    # the day as the other trace rows compute it: the millisecond of ts, truncated, in UTC
+    millis = pc.cast(pc.multiply(table["ts"], 1000.0), pa.int64(), safe=False)
+    day = pc.cast(pc.cast(millis, pa.timestamp("ms", tz="UTC")), pa.date32())
+    return table.set_column(table.schema.get_field_index("day"), "day", day)
 
 
 # A read's bytes by cache type, summed over its groups: recurrent state is the `mamba`
@@ -285,9 +277,9 @@ def _with_group_bytes(rows: pa.Table) -> pa.Table:
 def _structure() -> str:
     """One json_transform structure for every field of every record type, each kept as JSON."""
     spec: dict[str, str] = {"type": "VARCHAR", "v": "JSON"}
-    for _, fields in RECORD_TYPES.values():
-        for name, _, _, _ in fields:
-            spec[name] = "JSON"
+    for rtype in RECORD_TYPES.values():
+        for f in rtype.fields:
+            spec[f.name] = "JSON"
     return json.dumps(spec)
 
 
@@ -321,7 +313,8 @@ def _lines_table(lines: list[bytes], first_line: int) -> pa.Table:
 
 # "v" is the number 1 (the fast path reads it as an integer; "1" as text is not v1)
 _V1 = f"(json_type(j.v) IN {_NUMBER} AND TRY_CAST(j.v AS DOUBLE) = 1)"
-_VALID = f"text IS NOT NULL AND j.type IN ('transfer', 'request', 'engine') AND {_V1}"
+_KNOWN = ", ".join(f"'{name}'" for name in RECORD_TYPES)
+_VALID = f"text IS NOT NULL AND j.type IN ({_KNOWN}) AND {_V1}"
 
 
 def parse_trace(
@@ -361,56 +354,73 @@ def parse_trace(
                 """
             ).to_arrow_table()
         ]
-        tables: dict[str, pa.Table] = {}
-        for rtype, (table, fields) in RECORD_TYPES.items():
-            rows, bad = _project(con, rtype, table, fields, source_id)
-            tables[table] = rows
+        tables = _empty_tables()
+        events: list[pa.Table] = []
+        for rtype in RECORD_TYPES.values():
+            rows, bad = _project(con, rtype, source_id)
             rejects.append(bad)
+            if rtype.is_event:
+                events.append(rows)
+            else:
+                tables[rtype.table] = rows
+        if any(e.num_rows for e in events):
+            tables["log_events"] = pa.concat_tables(events)
     finally:
         con.unregister("_lines")
     return tables, pa.concat_tables(rejects)
 
 
-def _project(
-    con: duckdb.DuckDBPyConnection, rtype: str, table: str, fields: tuple, source_id: str
-) -> tuple[pa.Table, pa.Table]:
-    values = ", ".join(f"{_typed(name, kind)} AS {column}" for name, column, kind, _ in fields)
+def _reason(rtype: RecordType) -> str:
+    """The first problem of a record of ``rtype`` as SQL (NULL: none), checked in the order
+    hybridtrace.trace_v1.validate names them: fields in order (missing, wrong type), enums,
+    ranges. Typed values are the ``v_<field>`` columns."""
     checks = []
-    for name, column, kind, required in fields:
-        if required:
-            checks.append(f"WHEN j.{name} IS NULL THEN 'missing field {name}'")
-        want = {"JSON": "list"}.get(kind, kind.lower())
+    for f in rtype.fields:
+        if f.required:
+            checks.append(f"WHEN j.{f.name} IS NULL THEN 'missing field {f.name}'")
+        want = trace_v1.TYPES[f.type]
         checks.append(
-            f"WHEN j.{name} IS NOT NULL AND {column} IS NULL THEN 'wrong type for {name} (want {want})'"
+            f"WHEN j.{f.name} IS NOT NULL AND v_{f.name} IS NULL THEN 'wrong type for {f.name} (want {want})'"
         )
-    for column, allowed in _ENUMS.get(rtype, {}).items():
-        listing = ", ".join(f"'{v}'" for v in allowed)
-        checks.append(f"WHEN {column} NOT IN ({listing}) THEN 'unknown {column} ' || {column}")
-    for name, condition, _ in _RANGES.get(rtype, ()):
-        column = next(c for n, c, _, _ in fields if n == name)
-        label = "ts (epoch seconds)" if name == "ts" else name
-        checks.append(f"WHEN NOT ({condition}) THEN '{label} out of range: ' || {column}")
-    reason = "CASE " + " ".join(checks) + " END"
+    for f in rtype.enums:
+        listing = ", ".join(f"'{v}'" for v in f.enum or ())
+        checks.append(f"WHEN v_{f.name} NOT IN ({listing}) THEN 'unknown {f.name} ' || v_{f.name}")
+    for f in rtype.ranged:
+        label = f"{f.name} (epoch seconds)" if f.range == "epoch" else f.name
+        checks.append(f"WHEN NOT ({_range_sql(f)}) THEN '{label} out of range: ' || v_{f.name}")
+    return "CASE " + " ".join(checks) + " END"
+
+
+def _project(con: duckdb.DuckDBPyConnection, rtype: RecordType, source_id: str) -> tuple[pa.Table, pa.Table]:
+    values = ", ".join(f"{_typed(f.name, _SQL_TYPES[f.type])} AS v_{f.name}" for f in rtype.fields)
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE _typed AS
-        SELECT *, {reason} AS reason
-        FROM (SELECT line_number, text, j, {values} FROM _parsed WHERE {_VALID} AND j.type = '{rtype}')
+        SELECT *, {_reason(rtype)} AS _reason
+        FROM (SELECT line_number, text, j, {values}
+              FROM _parsed WHERE {_VALID} AND j.type = '{rtype.name}')
         """
     )
-    columns = [column for _, column, _, _ in fields]
-    day = ", CAST(to_timestamp(ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in columns else ""
-    if table == "engines":
+    bad = con.sql(
+        f"SELECT line_number, _reason AS reason, left(text, {RAW_LIMIT}) AS raw "
+        "FROM _typed WHERE _reason IS NOT NULL"
+    ).to_arrow_table()
+    if rtype.is_event:
+        fields = ", ".join(f"v_{f.name} AS {f.name}" for f in rtype.fields)
+        typed = con.sql(
+            f"SELECT {fields}, line_number FROM _typed WHERE _reason IS NULL ORDER BY line_number"
+        ).to_arrow_table()
+        return _event_rows(rtype, typed, source_id), bad
+    columns = ", ".join(f"v_{f.name} AS {f.column}" for f in rtype.fields)
+    day = ", CAST(to_timestamp(v_ts) AT TIME ZONE 'UTC' AS DATE) AS day" if "ts" in rtype.names else ""
+    if rtype.table == "engines":
         day += ", 'trace' AS source_kind"
     rows = con.sql(
         f"""
-        SELECT {", ".join(columns)}{day}, '{source_id}' AS source_id, line_number
-        FROM _typed WHERE reason IS NULL ORDER BY line_number
+        SELECT {columns}{day}, '{source_id}' AS source_id, line_number
+        FROM _typed WHERE _reason IS NULL ORDER BY line_number
         """
     ).to_arrow_table()
-    if table == "transfers":  # the same sums as the fast path, from the same expressions
+    if rtype.table == "transfers":  # the same sums as the fast path, from the same expressions
         rows = _with_group_bytes(rows)
-    bad = con.sql(
-        f"SELECT line_number, reason, left(text, {RAW_LIMIT}) AS raw FROM _typed WHERE reason IS NOT NULL"
-    ).to_arrow_table()
-    return table_schema(table).conform(rows), bad
+    return table_schema(rtype.table).conform(rows), bad
