@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 import polars as pl
 
+from hybridtrace import trace_v1
 from hybridtrace.simulate.workload import Block, Plan
 
 LEVEL_COLOURS = {"DEBUG": "37", "INFO": "32", "WARNING": "33", "ERROR": "31", "CRITICAL": "35"}
@@ -45,15 +46,24 @@ HISTOGRAMS = (
     ("vllm:nixl_bytes_transferred", BYTE_BUCKETS, "bytes"),
     ("vllm:nixl_num_descriptors", DESC_BUCKETS, "descriptors"),
 )
-_TRANSFER_FIELDS = (
-    "ts", "request_id", "remote_request_id", "engine_id", "remote_engine_id", "rank", "tp_size", "remote_rank",
-    "remote_tp_size", "status", "post_s", "xfer_s", "bytes", "descriptors", "staging_bytes", "link", "groups",
-)  # fmt: skip
-_REQUEST_FIELDS = (
-    "ts", "request_id", "remote_request_id", "engine_id", "remote_engine_id", "prompt_tokens", "cached_tokens",
-    "missing_tokens", "transferred_tokens", "reused_tokens", "recomputed_tokens", "state_blocks", "boundary_tokens",
-    "prefill_s", "status",
-)  # fmt: skip
+
+
+def _contract_fields(record_type: str) -> tuple[str, ...]:
+    """The fields of a record type as the contract's v1 has them, in the definition's order:
+    the simulated connector is a stock one, so it writes none of hybridtrace's extensions."""
+    return tuple(f.name for f in trace_v1.record_type(record_type).fields if not f.extension)
+
+
+def _text_fields(record_type: str) -> set[str]:
+    return {f.name for f in trace_v1.record_type(record_type).fields if f.type == "string"}
+
+
+_TRANSFER_FIELDS = _contract_fields("transfer")
+_REQUEST_FIELDS = _contract_fields("request")
+# The keys of a read's group entries, as the definition names them (written literally below).
+_READ_GROUP_KEYS = ("group", "kind", "blocks", "bytes", "descriptors")
+if not set(_READ_GROUP_KEYS) <= {g.name for g in trace_v1.GROUP_FIELDS}:
+    raise RuntimeError("the simulator writes group keys trace v1 does not define")
 
 
 def _json_record(record_type: str, fields: tuple[str, ...], strings: set[str]) -> list[pl.Expr]:
@@ -71,8 +81,7 @@ def _json_record(record_type: str, fields: tuple[str, ...], strings: set[str]) -
 
 def _transfer_json() -> pl.Expr:
     """One transfer record per row, newline included."""
-    strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status", "link"}
-    pieces = _json_record("transfer", tuple(f for f in _TRANSFER_FIELDS if f != "groups"), strings)
+    pieces = _json_record("transfer", tuple(f for f in _TRANSFER_FIELDS if f != "groups"), _text_fields("transfer"))
     groups = [
         pl.lit(',"groups":[{"group":0,"kind":"attention","blocks":'), pl.col("blocks").cast(pl.String),
         pl.lit(',"bytes":'), pl.col("attention").cast(pl.String),
@@ -84,8 +93,7 @@ def _transfer_json() -> pl.Expr:
 
 
 def _request_json() -> pl.Expr:
-    strings = {"request_id", "remote_request_id", "engine_id", "remote_engine_id", "status"}
-    return pl.concat_str([*_json_record("request", _REQUEST_FIELDS, strings), pl.lit("}\n")])
+    return pl.concat_str([*_json_record("request", _REQUEST_FIELDS, _text_fields("request")), pl.lit("}\n")])
 
 
 def _head(level: str, stamp: str, where: str, process: str, colour: bool) -> str:
