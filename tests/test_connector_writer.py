@@ -64,7 +64,8 @@ def test_a_fact_not_seen_is_left_out_not_guessed():
         rank=0, tp_size=1, remote_rank=0, remote_tp_size=1, status="failed", post_s=None, xfer_s=0.0,
         transported_bytes=0, descriptors=None, staging_bytes=0,
     )
-    assert "post_s" not in record and "descriptors" not in record and "remote_request_id" not in record
+    assert record["post_s"] is None and record["descriptors"] is None and record["remote_request_id"] is None
+    assert validate(record) == []
 
 
 def test_group_split_is_exact_only_when_it_adds_up():

@@ -150,31 +150,28 @@ class TraceWriter:
 
     def _drain(self) -> None:
         queue = self._queue
-        chunk: list[bytes] = []
-        size = 0
         while queue:
-            builder, facts = queue.popleft()
-            try:
-                record = builder(*facts)
-                if record is None:
-                    continue
-                line = _encode(record)
-            except Exception as error:  # a bad record is lost, the trace goes on
-                say_once(f"build:{getattr(builder, '__name__', builder)}",
-                         "a %s record could not be built (%s); such records are skipped",
-                         getattr(builder, "__name__", "trace"), error)
-                continue
-            chunk.append(line)
-            size += len(line)
-            if size >= 1 << 20:
+            chunk: list[bytes] = []
+            # A chunk at a time, then the GIL goes back to the engine: a long drain must
+            # not hold its thread for a whole switch interval (5 ms).
+            for _ in range(min(len(queue), 512)):
+                builder, facts = queue.popleft()
+                try:
+                    record = builder(*facts)
+                    if record is None:
+                        continue
+                    chunk.append(_encode(record))
+                except Exception as error:  # a bad record is lost, the trace goes on
+                    name = getattr(builder, "__name__", "trace")
+                    say_once(f"build:{name}", "a %s record could not be built (%s); such records are "
+                             "skipped", name, error)
+            if chunk:
                 self._write(chunk)
-                chunk, size = [], 0
+            time.sleep(0)
         drops = self.dropped - self._reported_drops
         if drops:
             self._reported_drops += drops
-            chunk.append(_encode(dropped_record(self.engine_id, self.rank, self.pid, drops)))
-        if chunk:
-            self._write(chunk)
+            self._write([_encode(dropped_record(self.engine_id, self.rank, self.pid, drops))])
         if self._file is not None and not self._broken:
             try:
                 self._file.flush()

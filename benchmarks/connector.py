@@ -1,0 +1,187 @@
+"""What tracing costs the engine, against the stock connector measured in the same run.
+
+Three measurements (run with the connector tier's venv: vLLM 0.33 and NIXL installed):
+
+1. engine thread, per read, NIXL calls: the calls vLLM makes for one READ
+   (make_prepped_xfer, transfer, check_xfer_state, get_xfer_telemetry, release) on a real
+   NIXL agent over UCX loopback, straight and through hybridtrace's tap; the difference is
+   what the tap adds per read (goal: < 5 µs).
+2. engine thread, per read, whole connector: real vLLM NIXL workers (the tests' harness),
+   stock ``NixlConnector`` against ``hybridtrace.connector.vllm.NixlConnector``, the time
+   spent in ``start_load_kv`` and ``get_finished`` per read, interleaved rounds.
+3. the writer on one core: transfer records through ``TraceWriter`` (queue, build, encode,
+   append) against building and appending the same records in a plain loop; the drop
+   counter must stay 0 (goal: >= 200k records/s).
+
+    python benchmarks/connector.py [--reads 20000] [--records 500000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("UCX_TLS", "tcp,self")
+os.environ.setdefault("VLLM_SSM_CONV_STATE_LAYOUT", "DS")
+
+import numpy as np
+
+from hybridtrace.connector import records
+from hybridtrace.connector.tap import AgentTap, Read, read_facts
+from hybridtrace.connector.writer import TraceWriter, _encode
+
+BLOCK = 4096
+BLOCKS = 256
+
+
+def _agents():
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    config = nixl_agent_config(backends=["UCX"], capture_telemetry=True)
+    target, reader = nixl_agent("bench-prefill", config), nixl_agent("bench-decode", config)
+    src = np.ones(BLOCK * BLOCKS, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    target.register_memory(target.get_reg_descs([(src.ctypes.data, src.nbytes, 0, "")], "DRAM"))
+    reader.register_memory(reader.get_reg_descs([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM"))
+    remote = reader.add_remote_agent(target.get_agent_metadata())
+    return target, reader, remote, src, dst
+
+
+def _one_read(agent, local, remote, ids, notif) -> float:
+    """Engine-thread seconds of one read's calls (the wait for completion excluded)."""
+    spent = 0.0
+    t = time.perf_counter()
+    handle = agent.make_prepped_xfer("READ", local, ids, remote, ids, notif)
+    state = agent.transfer(handle)
+    spent += time.perf_counter() - t
+    while state == "PROC":
+        t = time.perf_counter()
+        state = agent.check_xfer_state(handle)
+        spent += time.perf_counter() - t
+    t = time.perf_counter()
+    agent.get_xfer_telemetry(handle)
+    agent.release_xfer_handle(handle)
+    return spent + time.perf_counter() - t
+
+
+def tap_overhead(reads: int, rounds: int) -> None:
+    target, reader, remote_name, src, dst = _agents()
+    writer_dir = tempfile.mkdtemp()
+    writer = TraceWriter(writer_dir, engine_id="bench", role="decode", rank=0)
+
+    def on_read(read: Read) -> None:
+        writer.emit(_record, read)
+
+    tap = AgentTap(reader, on_read)
+    descs = np.array([(dst.ctypes.data, BLOCK, 0, BLOCK, BLOCKS)], dtype=np.int64)
+    local = tap.prep_xfer_dlist("NIXL_INIT_AGENT", descs, "DRAM")
+    src_list = np.array([(src.ctypes.data + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)], dtype=np.int64)
+    remote = reader.prep_xfer_dlist(remote_name, src_list, "DRAM")
+    ids = np.arange(0, BLOCKS, 4, dtype=np.int32)  # 64 descriptors, as a small hybrid read
+    notif = b"cmpl-bench-0:1"
+    straight, tapped = [], []
+    for _ in range(rounds):
+        for agent, sink in ((reader, straight), (tap, tapped)):
+            tap.context = ("r", "bench-prefill", "p", 0, None) if agent is tap else None
+            spent = sum(_one_read(agent, local, remote, ids, notif) for _ in range(reads // rounds))
+            sink.append(spent / (reads // rounds))
+    writer.close()
+    base, traced = statistics.median(straight), statistics.median(tapped)
+    print(f"1. NIXL calls per read: stock {base * 1e6:.2f} µs, through the tap {traced * 1e6:.2f} µs; "
+          f"added {(traced - base) * 1e6:.2f} µs per read ({traced / base:.3f}x); "
+          f"{writer.written} records written, {writer.dropped} dropped")
+    del target
+
+
+def _record(read: Read) -> dict:
+    return records.transfer_record(
+        request_id="r", engine_id="bench", remote_engine_id="bench-prefill", rank=0, tp_size=1,
+        remote_rank=0, remote_tp_size=1, staging_bytes=0, **read_facts(read),
+    )
+
+
+def _facts(i: int) -> dict:
+    return records.transfer_record(
+        ts=1764400000.0 + i * 1e-3, request_id=f"cmpl-{i}", remote_request_id=f"p-{i}", engine_id="decode-0",
+        remote_engine_id="prefill-0", rank=i % 4, tp_size=4, remote_rank=i % 4, remote_tp_size=4,
+        status="ok", post_s=2.1e-5, xfer_s=1.3e-3, transported_bytes=1 << 20, descriptors=96,
+        staging_bytes=0, groups=[{"group": 0, "kind": "attention", "blocks": 4, "bytes": 1 << 19,
+                                  "descriptors": 64},
+                                 {"group": 1, "kind": "mamba", "blocks": 1, "bytes": 1 << 19,
+                                  "descriptors": 32}],
+        groups_exact=True,
+    )
+
+
+def writer_throughput(count: int) -> None:
+    """The writer's own pace: a queue of ``count`` records drained by its thread alone."""
+    folder = Path(tempfile.mkdtemp())
+    # baseline: the same records built, encoded and appended in a plain loop
+    t = time.perf_counter()
+    with open(folder / "plain.jsonl", "wb") as out:
+        for i in range(count):
+            out.write(_encode(_facts(i)))
+    plain = time.perf_counter() - t
+    writer = TraceWriter(folder / "traced", engine_id="decode-0", role="decode", rank=0,
+                         queue_records=count + 1, flush_s=3600)
+    wake = writer._wake.set
+    writer._wake.set = lambda: None  # let the queue fill first: the drain is timed alone
+    t = time.perf_counter()
+    for i in range(count):
+        writer.emit(_facts, i)
+    emit = (time.perf_counter() - t) / count
+    writer._wake.set = wake
+    t = time.perf_counter()
+    writer.close(timeout=600)
+    drain = time.perf_counter() - t
+    print(f"3. writer: {count / drain:,.0f} records/s on its thread ({drain:.2f} s for {count:,}); "
+          f"plain build-encode-append loop {count / plain:,.0f}/s (writer/plain time "
+          f"{drain / plain:.2f}x); emit {emit * 1e9:.0f} ns per record on the caller's thread; "
+          f"{writer.written:,} written, {writer.dropped} dropped")
+
+
+def connector_overhead(reads: int, rounds: int) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "connector"))
+    try:
+        import vllm_harness
+    except Exception as error:  # the harness needs vLLM
+        print(f"2. whole connector: skipped ({error!r})")
+        return
+    measure = getattr(vllm_harness, "engine_thread_seconds", None)
+    if measure is None:
+        print("2. whole connector: the harness has no engine_thread_seconds()")
+        return
+    from hybridtrace.connector.vllm import NixlConnector as Traced
+
+    stock_times, traced_times = [], []
+    with tempfile.TemporaryDirectory() as trace:
+        for _ in range(rounds):
+            stock_times.append(measure(None, reads // rounds, {}))
+            traced_times.append(measure(Traced, reads // rounds, {"hybridtrace_dir": trace}))
+    base, traced = statistics.median(stock_times), statistics.median(traced_times)
+    print(f"2. whole connector per read (start_load_kv + get_finished): stock {base * 1e6:.1f} µs, "
+          f"traced {traced * 1e6:.1f} µs; added {(traced - base) * 1e6:.1f} µs ({traced / base:.3f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reads", type=int, default=20000)
+    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--connector-reads", type=int, default=400)
+    args = parser.parse_args()
+    tap_overhead(args.reads, args.rounds)
+    connector_overhead(args.connector_reads, args.rounds)
+    writer_throughput(args.records)
+
+
+if __name__ == "__main__":
+    main()
