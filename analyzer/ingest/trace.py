@@ -140,11 +140,14 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
     if frame.height != n_lines:
         return None  # blank lines: line numbers would not follow rows
     checks = [(pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))]
-    # The reader turns an object or list into text for a string field: a wrong type.
+    # The reader turns an object, a list or a boolean into text for a string field: a wrong
+    # type. A text that reads like one goes to the careful path, which tells them apart.
     for name, dtype in _SCHEMA.items():
         if dtype == pl.String:
             text = pl.col(name).str
-            checks.append(~(text.starts_with("{") | text.starts_with("[")).fill_null(False))
+            boolean = pl.col(name).is_in(["true", "false"])
+            looks_wrong = text.starts_with("{") | text.starts_with("[") | boolean
+            checks.append(~looks_wrong.fill_null(False))
     for rtype in RECORD_TYPES.values():
         of_type = pl.col("type") == rtype.name
         for f in rtype.fields:
@@ -154,7 +157,9 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
             checks.append(~of_type | pl.col(f.name).is_in(list(f.enum or ())) | pl.col(f.name).is_null())
         for f in rtype.ranged:
             checks.append(~of_type | _range_polars(f).fill_null(False))
-    if not frame.select(pl.all_horizontal(checks).all()).item():
+    # A check that cannot be decided (a line without "v" or "type") fails: all() would skip it,
+    # and the line would be neither read nor a reject.
+    if not frame.select(pl.all_horizontal(checks).fill_null(False).all()).item():
         return None
     frame = frame.with_columns(
         pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
