@@ -365,6 +365,9 @@ def _analysis_table(result: Analysis, limit: int) -> str:
         pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {shown}, ratio of sums)"))
     for name in summary["no_inputs"]:
         pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
+    if inputs.get("trace_records_dropped"):
+        dropped = inputs["trace_records_dropped"]
+        pairs.append(("incomplete", f"the trace writers dropped {dropped:,} records: the trace lacks them"))
     if summary["rules_without_inputs"]:
         # a kind can still be found by another rule (the native-metrics ones): say which
         found_by: dict[str, list[str]] = {}

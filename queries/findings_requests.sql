@@ -67,8 +67,18 @@ GROUP BY engine_id, request_id, rank;
 -- than even the padded pages explain: beyond every page the allocator holds for it, the
 -- padding layers' included, by more than excess_min_bytes, and not as recurrent state
 -- (that excess is unsharded_state's).
+--
+-- _host_buffer_engines: an engine staged by any of its records (one per rank, or a log):
+-- one says use_host_buffer, or one says kv_buffer_device cpu and no trace record says
+-- use_host_buffer false. On a CPU platform the cache itself sits in host memory and vLLM
+-- stages nothing, which only the trace's explicit false tells apart; a record that says
+-- nothing keeps the device rule.
 CREATE OR REPLACE VIEW _host_buffer_engines AS
-SELECT DISTINCT engine_id FROM engines WHERE kv_buffer_device = 'cpu' OR use_host_buffer;
+SELECT engine_id FROM engines
+GROUP BY engine_id
+HAVING bool_or(use_host_buffer)
+    OR (bool_or(kv_buffer_device = 'cpu')
+        AND NOT coalesce(bool_or(source_kind = 'trace' AND use_host_buffer = false), false));
 
 CREATE OR REPLACE VIEW _host_buffer_pairs AS
 SELECT p.engine_id, p.remote_engine_id, list(h.engine_id ORDER BY h.engine_id) AS host_engines
@@ -204,8 +214,9 @@ FROM (
 GROUP BY engine_id, rank, request_id, remote_engine_id;
 
 -- finding_kv_expired: the prefill engine released the blocks before the decoder read them.
--- Expiry lines come from the prefill side with its request id; the trace maps it to the
--- decode request.
+-- Expiry lines, and the trace's `release` records (log_events of process 'trace'), come
+-- from the prefill side with its request id; the decode request's remote_request_id maps
+-- it to the decode request.
 CREATE OR REPLACE VIEW finding_kv_expired AS
 SELECT
     'kv_expired' AS kind, 'error' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
@@ -221,7 +232,8 @@ FROM (
     FROM transfers WHERE status = 'expired'
     UNION ALL
     SELECT coalesce(r.engine_id, e.engine_id), coalesce(r.request_id, e.request_id),
-           coalesce(r.remote_engine_id, e.engine_id), 'log' AS source
+           coalesce(r.remote_engine_id, e.engine_id),
+           CASE WHEN e.process = 'trace' THEN 'trace' ELSE 'log' END AS source
     FROM log_events e
     LEFT JOIN requests r ON r.remote_request_id = e.request_id
     WHERE e.kind IN ('kv_expired', 'kv_expired_declined')

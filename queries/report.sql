@@ -212,8 +212,9 @@ WITH e AS (
            arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
            _engine_block(block_tokens, groups, ts) AS block_tokens,
            arg_max(mamba_padding_pct, ts) FILTER (WHERE mamba_padding_pct IS NOT NULL) AS padding_pct,
-           -- a record that says nothing either way leaves it unknown, not "no"
-           CASE WHEN bool_or(coalesce(use_host_buffer, false) OR kv_buffer_device = 'cpu') THEN true
+           -- staged as staging_copy judges it (_host_buffer_engines); a record that says
+           -- nothing either way leaves it unknown, not "no"
+           CASE WHEN engine_id IN (SELECT engine_id FROM _host_buffer_engines) THEN true
                 WHEN bool_or(use_host_buffer IS NOT NULL OR kv_buffer_device IS NOT NULL) THEN false
            END AS host_staging,
            arg_max(vllm_version, ts) FILTER (WHERE vllm_version IS NOT NULL) AS vllm_version

@@ -111,6 +111,7 @@ PAD, SLOTS, STAGE, HOST, BND, CNT = (Pair(t) for t in ("pad", "slots", "stage", 
 SLOW, DESC, EXP, FAIL = (Pair(t) for t in ("slow", "desc", "exp", "fail"))
 SHARD, CFG, BLK, RECO, STA = (Pair(t) for t in ("shard", "cfg", "blk", "reco", "sta"))
 EXTRA, CONV = Pair("extra"), Pair("conv")
+HOSTBUF, REL, RELA = Pair("hostbuf"), Pair("rel"), Pair("rela")
 
 
 def padding_leak(fault: bool) -> list[dict]:
@@ -157,6 +158,44 @@ def cpu_buffer(fault: bool) -> list[dict]:
     # CONTRACT §6: a KV cache registered with kv_buffer_device cpu is a staging copy even when
     # the connector reports staging_bytes 0.
     return [*HOST.engines(decode={"kv_buffer_device": "cpu" if fault else "cuda"}), *HOST.handoff("r-host")]
+
+
+def host_buffer_said(fault: bool) -> list[dict]:
+    # Both twins register the KV cache with kv_buffer_device cpu; the trace says whether reads
+    # go through a host staging buffer. On a CPU platform the cache is in host memory itself
+    # and vLLM stages nothing (use_host_buffer false): the device alone is no staging copy.
+    decode = {"kv_buffer_device": "cpu", "use_host_buffer": fault}
+    return [*HOSTBUF.engines(decode=decode), *HOSTBUF.handoff("r-hostbuf")]
+
+
+def release(pair: Pair, rid: str, rank: int) -> dict:
+    """The prefill side's record of releasing a request's blocks (2 per layer) when the lease
+    ran out; its request id is the decode side's remote_request_id."""
+    return {
+        "type": "release", "v": 1, "ts": T0 + 30, "engine_id": f"prefill-{pair.tag}",
+        "request_id": f"p-{rid}", "rank": rank, "reason": "expired", "blocks": 2,
+        "remote_engine_id": f"decode-{pair.tag}",
+    }  # fmt: skip
+
+
+def kv_expired_released(fault: bool) -> list[dict]:
+    # As kv_expired, and every prefill rank also wrote its release record for the request:
+    # the decode side's expiry and the prefill side's four releases are one finding.
+    if not fault:
+        return [*REL.engines(), *REL.handoff("r-rel")]
+    reads = [REL.read("r-rel", k, T0, status="expired", bytes=0, xfer_s=0.001) for k in RANKS]
+    releases = [release(REL, "r-rel", k) for k in RANKS]
+    return [*REL.engines(), *reads, REL.request("r-rel", T0, status="expired", **GONE), *releases]
+
+
+def release_alone(fault: bool) -> list[dict]:
+    # The decode side recorded only that the handoff failed (no read, no expiry); the prefill
+    # side's release record says why. It ties to the decode request by remote_request_id, as
+    # an expiry log line does: a kv_expired finding beside the transfer_failed one.
+    if not fault:
+        return [*RELA.engines(), *RELA.handoff("r-rela")]
+    failed = RELA.request("r-rela", T0, status="failed", **GONE)
+    return [*RELA.engines(), failed, release(RELA, "r-rela", 0)]
 
 
 def useless_boundary(fault: bool) -> list[dict]:
@@ -296,6 +335,12 @@ SCENARIOS = {
     "staging_copy/cpu_buffer": Scenario(
         cpu_buffer, [("staging_copy", "decode-host", "r-host", None, "prefill-host")], {
         "reads": 4, "transported_bytes": 108_494_848, "copies_counted_in_transport": False}, exact=False),
+    # as cpu_buffer, but the trace says use_host_buffer true; its clean twin says false
+    "staging_copy/use_host_buffer": Scenario(
+        host_buffer_said, [("staging_copy", "decode-hostbuf", "r-hostbuf", None, "prefill-hostbuf")], {
+        "reads": 4, "staging_bytes": 0, "transported_bytes": 108_494_848, "reserved_bytes": 110_100_480,
+        "padding_layers_bytes": 5_505_024, "host_buffer_engines": ["decode-hostbuf"],
+        "copies_counted_in_transport": False}),
     "useless_boundary": Scenario(
         useless_boundary, [("useless_boundary", "decode-bnd", "r-bnd", None, "prefill-bnd")], {
         "transferred_tokens": 1000, "reused_tokens": 672, "recomputed_tokens": 329, "boundary_tokens": 672,
@@ -314,6 +359,13 @@ SCENARIOS = {
         descriptor_bound, [("descriptor_bound", "decode-desc", "r-desc", None, "prefill-desc")], {
         "reads": 4, "descriptors": 26_488, "post_s": 0.016, "xfer_s": 0.02, "bytes_per_descriptor": 4096}),
     "kv_expired": Scenario(kv_expired, [("kv_expired", "decode-exp", "r-exp", None, "prefill-exp")], {
+        "sources": ["trace"]}),
+    "kv_expired/released": Scenario(
+        kv_expired_released, [("kv_expired", "decode-rel", "r-rel", None, "prefill-rel")], {
+        "sources": ["trace"]}),
+    "kv_expired/release_alone": Scenario(
+        release_alone, [("kv_expired", "decode-rela", "r-rela", None, "prefill-rela"),
+                        ("transfer_failed", "decode-rela", "r-rela", None, "prefill-rela")], {
         "sources": ["trace"]}),
     "transfer_failed": Scenario(
         transfer_failed, [("transfer_failed", "decode-fail", "r-fail", 3, "prefill-fail")], {

@@ -24,6 +24,10 @@ __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 _NATIVE_INTERVALS = (
     "SELECT count(*) FROM interval_bytes WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)"
 )
+_TRACE_DROPPED = (
+    "SELECT coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)), 0) "
+    "FROM log_events WHERE kind = 'trace_dropped'"
+)
 # Views beside the one-per-kind rules: native metrics judged per engine and interval.
 NATIVE_VIEWS = ("finding_native_padding", "finding_native_unexplained", "finding_native_counters")
 
@@ -152,6 +156,9 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
 
     inputs = {name: scalar(f"SELECT count(*) FROM {name}") for name in _INPUT_TABLES}
     inputs["transfers_accounted"] = scalar("SELECT reads FROM _accounting_totals")
+    # What the trace writers said they dropped (their `dropped` records): how incomplete the
+    # trace the rules read is.
+    inputs["trace_records_dropped"] = scalar(_TRACE_DROPPED)
     # One view per kind, plus the native-metrics rules (engine/interval scope), all in one
     # table: DuckDB runs the union in parallel, and nothing crosses into Python row by row.
     views = [f"finding_{kind}" for kind in KINDS] + list(NATIVE_VIEWS)
