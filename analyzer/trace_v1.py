@@ -14,6 +14,7 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import resources
 
 __all__ = [
@@ -330,8 +331,8 @@ def _range_words(f: Field) -> str:
     if f.range == "non_negative":
         return "At least 0."
     if f.range == "epoch":
-        low, high = EPOCH_RANGE
-        return f"Epoch seconds from {low:.0f} to {high:.0f} (the years 2000 to 2100)."
+        low, high = (datetime.fromtimestamp(x, UTC).strftime("%Y-%m-%d") for x in EPOCH_RANGE)
+        return f"Epoch seconds, {low} to {high} UTC."
     if f.range == "tp_size":
         return "At least 1."
     if f.range == "rank":
@@ -339,13 +340,14 @@ def _range_words(f: Field) -> str:
     return ""
 
 
-def _meaning(f: Field) -> str:
+def _meaning(f: Field, rtype: RecordType) -> str:
     words = [f.doc]
     if f.enum:
-        words.append("One of " + ", ".join(f"`{e}`" for e in f.enum) + ".")
+        listed = ", ".join(f"`{e}`" for e in f.enum)
+        words.append(f"One of {listed}." if len(f.enum) > 1 else f"Only {listed}.")
     if f.range:
         words.append(_range_words(f))
-    if f.extension:
+    if f.extension and not rtype.extension:  # a whole added record type is marked once
         words.append("*Extension.*")
     return " ".join(words)
 
@@ -378,7 +380,8 @@ def markdown() -> str:
         for f in rtype.fields:
             column = f"`{f.column}`" if f.column else "(details)"
             required = "yes" if f.required else ""
-            out.append(f"| `{f.name}` | {_TYPE_WORDS[f.type]} | {required} | {column} | {_meaning(f)} |")
+            meaning = _meaning(f, rtype)
+            out.append(f"| `{f.name}` | {_TYPE_WORDS[f.type]} | {required} | {column} | {meaning} |")
         out.append("")
     out += [
         "## Group entries",
