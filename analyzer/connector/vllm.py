@@ -293,6 +293,8 @@ class _WorkerTrace(_Trace):
         remote_agent = None
         with contextlib.suppress(Exception):
             remote_agent = self.worker._remote_agents[engine][(0, remote_rank)]
+            if isinstance(remote_agent, bytes):  # NIXL returns agent names as bytes
+                remote_agent = remote_agent.decode(errors="replace")
         # with a host buffer the read lands in host memory and is copied to the device after
         staged = facts["transported_bytes"] if ok and getattr(self.worker, "use_host_buffer", False) else 0
         return records.transfer_record(
