@@ -122,30 +122,30 @@ def transfer_record(
     link: str | None = None,
 ) -> dict:
     """One NIXL read of one decode rank from one prefill rank."""
-    return _record(
-        "transfer",
-        {
-            "ts": ts,
-            "request_id": request_id,
-            "remote_request_id": remote_request_id,
-            "engine_id": engine_id,
-            "remote_engine_id": remote_engine_id,
-            "rank": rank,
-            "tp_size": tp_size,
-            "remote_rank": remote_rank,
-            "remote_tp_size": remote_tp_size,
-            "status": status,
-            "post_s": post_s,
-            "xfer_s": xfer_s,
-            "bytes": transported_bytes,
-            "descriptors": descriptors,
-            "staging_bytes": staging_bytes,
-            "groups": groups or None,
-            "groups_exact": groups_exact if groups else None,
-            "remote_agent_name": remote_agent_name,
-            "link": link,
-        },
-    )
+    # the busiest record: built as one literal (no second dict), on the writer's thread
+    return {
+        "type": "transfer",
+        "v": V,
+        "ts": ts,
+        "request_id": request_id,
+        "remote_request_id": remote_request_id,
+        "engine_id": engine_id,
+        "remote_engine_id": remote_engine_id,
+        "rank": rank,
+        "tp_size": tp_size,
+        "remote_rank": remote_rank,
+        "remote_tp_size": remote_tp_size,
+        "status": status,
+        "post_s": post_s,
+        "xfer_s": xfer_s,
+        "bytes": transported_bytes,
+        "descriptors": descriptors,
+        "staging_bytes": staging_bytes,
+        "groups": groups or None,
+        "groups_exact": groups_exact if groups else None,
+        "remote_agent_name": remote_agent_name,
+        "link": link,
+    }
 
 
 def request_record(**fields: object) -> dict:

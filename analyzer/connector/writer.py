@@ -29,8 +29,10 @@ from hybridtrace.connector.records import dropped_record
 try:  # optional: about 5x faster encoding than the standard library
     import orjson
 
+    _NEWLINE = orjson.OPT_APPEND_NEWLINE
+
     def _encode(record: dict) -> bytes:
-        return orjson.dumps(record) + b"\n"
+        return orjson.dumps(record, option=_NEWLINE)
 
 except ImportError:  # pragma: no cover - depends on the host's packages
     import json

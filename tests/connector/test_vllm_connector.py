@@ -27,6 +27,7 @@ import pytest
 import vllm_harness as harness
 
 from hybridtrace.analyze import analyze
+from hybridtrace.connector import writer
 from hybridtrace.connector.tap import AgentTap
 from hybridtrace.connector.vllm import HOOKED, NixlConnector, external_request_id
 from hybridtrace.ingest.run import ingest
@@ -250,3 +251,50 @@ def test_without_a_folder_it_is_the_stock_connector(tmp_path: Path, monkeypatch:
 def test_external_request_id() -> None:
     assert external_request_id("cmpl-abc-0a1b2c3d") == "cmpl-abc"
     assert external_request_id("plain") is None
+
+
+def test_a_failing_hook_never_reaches_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hybridtrace.connector import vllm as traced
+
+    def broken(self, read) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(traced._WorkerTrace, "_read_done", broken)
+    monkeypatch.setattr(writer, "_said", set())  # "once" is per process: start this test afresh
+    with caplog.at_level("WARNING", logger="hybridtrace.connector"), harness.make_pair(
+        "hybrid", connector_cls=NixlConnector, extra_config={"hybridtrace_dir": str(tmp_path)}
+    ) as pair:
+        for i in range(2):
+            result = pair.transfer(f"boom-{i}", num_tokens=100)
+            assert result.ok and pair.decode_matches(result)
+    said = [m for m in caplog.messages if "could not be queued" in m]
+    assert len(said) == 1  # once, however many reads
+    lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert not [r for r in lines if r["type"] == "transfer"]
+    assert [r["type"] for r in lines if r["type"] == "request"] == ["request", "request"]
+
+
+def test_without_the_read_hook_the_nixl_calls_still_tell_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another vLLM whose read-posting method is gone: said once; bytes, descriptors,
+    status and the remote request id still come from the NIXL calls."""
+    from hybridtrace.connector import vllm as traced
+
+    monkeypatch.setattr(writer, "_said", set())
+    monkeypatch.setattr(traced, "HOOKED", {**HOOKED, "worker": (*HOOKED["worker"], "_gone_in_this_release")})
+    monkeypatch.setattr(traced._WorkerTrace, "_wrap_read", lambda self, read_blocks: read_blocks)
+    with caplog.at_level("WARNING", logger="hybridtrace.connector"), harness.make_pair(
+        "attention", connector_cls=NixlConnector, extra_config={"hybridtrace_dir": str(tmp_path)}
+    ) as pair:
+        result = pair.transfer("nohook-0", num_tokens=100)
+        assert result.ok
+    assert sum("_gone_in_this_release" in m for m in caplog.messages) == 1  # once per process
+    lines = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    (read,) = [r for r in lines if r["type"] == "transfer"]
+    assert read["bytes"] == result.nixl_bytes and read["descriptors"] == result.nixl_descriptors
+    assert read["status"] == "ok" and read["remote_request_id"] == "nohook-0"
+    assert read["request_id"] is None  # not guessed: ingest rejects it as incomplete
+    assert validate(read) != []
