@@ -19,6 +19,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ class Run:
     ok: list[harness.TransferResult]
     failed: harness.TransferResult
     lease: harness.LeaseResult
+    late: harness.TransferResult
     trace: Path
     store: Path
     config: Path
@@ -72,13 +74,38 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         failed = pair.transfer_failing(f"{kind}-fail", num_tokens=70,
                                        decode_request_id=f"cmpl-{kind}-f{SUFFIX}")
         lease = pair.expire_lease(f"{kind}-lease", num_tokens=50)
-        assert failed.failed and lease.released
+        late = _read_after_the_lease(pair, f"{kind}-late", num_tokens=60,
+                                     decode_request_id=f"cmpl-{kind}-late{SUFFIX}")
+        assert failed.failed and lease.released and late.received
     finally:
         pair.close()  # shuts the connectors down: every trace file is flushed and closed
     config = harness._model_dir(kind) / "config.json"
     store = tmp_path_factory.mktemp(f"store-{kind}")
     ingest([trace, config], store, model=str(config))
-    yield Run(kind, pair, ok, failed, lease, trace, store, config)
+    yield Run(kind, pair, ok, failed, lease, late, trace, store, config)
+
+
+def _read_after_the_lease(pair: harness.Pair, request_id: str, **transfer: object) -> harness.TransferResult:
+    """A router that holds the request until the prefill has released its blocks: the
+    decode then reads blocks the prefill no longer keeps (NIXL still moves them)."""
+    engine = pair.prefill_engine
+
+    def shorten(metadata) -> None:
+        if request_id in metadata.reqs_to_send:
+            metadata.reqs_to_send[request_id] = metadata.scheduler_clock + 0.2
+
+    def hold(params: dict) -> None:
+        for _ in range(2000):
+            if request_id in engine.step().finished_sending:
+                return
+            time.sleep(0.005)
+        raise TimeoutError(f"the prefill kept {request_id} past its lease")
+
+    engine.metadata_hooks.append(shorten)
+    try:
+        return pair.transfer(request_id, tamper=hold, wait_for_send=False, **transfer)
+    finally:
+        engine.metadata_hooks.remove(shorten)
 
 
 def _sql(run: Run, query: str) -> list[dict]:
@@ -114,7 +141,7 @@ def test_each_read_reports_the_bytes_that_moved(run: Run) -> None:
         FROM transfers t LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_rank, ts)
         ORDER BY t.request_id""")
     by_request = {r["request_id"]: r for r in rows}
-    assert len(rows) == len(run.ok) + 1  # one read per request at TP 1, the failed one included
+    assert len(rows) == len(run.ok) + 2  # one read per request at TP 1, the failed and late ones included
     for result in run.ok:
         read = by_request[result.decode_request_id]
         moved = harness.expected_read_bytes(run.pair, result.decode_blocks)
@@ -141,7 +168,7 @@ def test_each_read_reports_the_bytes_that_moved(run: Run) -> None:
 def test_request_bytes_sum_the_reads_and_requests_say_what_the_scheduler_saw(run: Run) -> None:
     rows = {r["request_id"]: r for r in _sql(run, "SELECT * FROM request_bytes")}
     requests = {r["request_id"]: r for r in _sql(run, "SELECT * FROM requests")}
-    assert set(requests) == {r.decode_request_id for r in [*run.ok, run.failed]}
+    assert set(requests) == {r.decode_request_id for r in [*run.ok, run.failed, run.late]}
     for result in run.ok:
         assert rows[result.decode_request_id]["transported_bytes"] == result.nixl_bytes
         record = requests[result.decode_request_id]
@@ -212,7 +239,9 @@ def test_analyze_raises_the_injected_faults_and_nothing_else(run: Run) -> None:
         assert result.nixl_bytes == expected
     assert found == {
         ("transfer_failed", "decode-0", run.failed.decode_request_id),
-        ("kv_expired", "prefill-0", run.lease.request_id),
+        ("kv_expired", "prefill-0", run.lease.request_id),  # released, and no decoder asked
+        # read after the prefill had released it: tied to the decode request by the release
+        ("kv_expired", "decode-0", run.late.decode_request_id),
     }
 
 
