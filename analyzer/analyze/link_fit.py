@@ -1,0 +1,119 @@
+"""The link model fitted from what the transfers did: time = fixed + bytes / bandwidth +
+descriptors × per-descriptor cost.
+
+The seed's model has two typed-in numbers; the store holds thousands of reads that measure
+them. The fit is a median (L1) regression, solved by iteratively reweighted least squares:
+a slow tail (a congested read, a poll that came late) pulls a least-squares line up, a
+median line not at all, as long as the slow reads are fewer than half. Bytes and
+descriptors are scaled before solving, so the 3×3 system stays well conditioned across
+nine orders of magnitude. When descriptors only ever grow with bytes (a fixed block size)
+the two costs cannot be told apart: the fit then leaves the descriptor term out and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import polars as pl
+
+ITERATIONS = 50
+MIN_TRANSFERS = 8
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    transfers: int  # reads the fit used
+    fixed_s: float
+    bandwidth_bytes_per_s: float | None  # None when bytes did not explain time (flat or negative)
+    per_descriptor_s: float | None  # None when descriptors could not be told apart from bytes
+    median_abs_error_pct: float  # over the reads used: how well the line describes them
+    note: str = ""
+
+    def seconds(self, nbytes: float, descriptors: float = 0.0) -> float:
+        """The fitted time of one read."""
+        time = self.fixed_s
+        if self.bandwidth_bytes_per_s:
+            time += nbytes / self.bandwidth_bytes_per_s
+        if self.per_descriptor_s:
+            time += descriptors * self.per_descriptor_s
+        return time
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None for a singular system."""
+    n = len(vector)
+    rows = [[*matrix[i], vector[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < 1e-12:
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(n):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[col], strict=True)]
+    return [rows[i][n] / rows[i][i] for i in range(n)]
+
+
+def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
+             descriptors: str | None = "descriptors") -> LinkFit | None:
+    """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
+
+    None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
+    """
+    columns = [time, nbytes] + ([descriptors] if descriptors and descriptors in frame.columns else [])
+    data = frame.select([pl.col(c).cast(pl.Float64) for c in columns]).drop_nulls()
+    data = data.filter(pl.all_horizontal(pl.all().is_finite()) & (pl.col(time) > 0))
+    if data.height < MIN_TRANSFERS:
+        return None
+    x_names = columns[1:]
+    scales = {c: (data[c].mean() or 1.0) or 1.0 for c in x_names}
+    note = ""
+    if len(x_names) == 2:
+        corr = data.select(pl.corr(x_names[0], x_names[1])).item()
+        spread = data[x_names[1]].std() or 0.0
+        if spread == 0 or (corr is not None and abs(corr) > 0.999):
+            x_names = x_names[:1]
+            note = "descriptors grow with bytes here: their cost is in the bandwidth figure"
+    names = ["one", *(f"x{i}" for i in range(len(x_names)))]
+    work = data.select(
+        pl.lit(1.0).alias("one"),
+        *(pl.col(c) / scales[c] for c in x_names),
+        pl.col(time).alias("y"),
+    ).rename(dict(zip(x_names, names[1:], strict=True)))
+    floor = 1e-6 * work["y"].abs().mean()
+    coef = [0.0] * len(names)
+    weights = pl.lit(1.0)
+    for _ in range(ITERATIONS):
+        sums = work.select(
+            *(pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(f"{a}*{b}")
+              for a in names for b in names),
+            *(pl.sum_horizontal(weights * pl.col(a) * pl.col("y")).sum().alias(f"{a}*y") for a in names),
+        ).row(0, named=True)
+        solved = _solve([[sums[f"{a}*{b}"] for b in names] for a in names], [sums[f"{a}*y"] for a in names])
+        if solved is None:
+            return None
+        shift = max(abs(a - b) for a, b in zip(solved, coef, strict=True))
+        coef = solved
+        fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
+        # L1: weights 1/|residual| make least squares converge to the median line
+        weights = 1.0 / pl.max_horizontal((pl.col("y") - fitted).abs(), pl.lit(floor))
+        if shift < 1e-12 * max(abs(c) for c in coef):
+            break
+    fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
+    median_error = work.select(((fitted - pl.col("y")).abs() / pl.col("y")).median()).item() * 100
+    y = work["y"]
+    per_byte = coef[1] / scales[x_names[0]]
+    per_descriptor = coef[2] / scales[x_names[1]] if len(x_names) == 2 else None
+    return LinkFit(
+        transfers=len(y),
+        fixed_s=coef[0],
+        bandwidth_bytes_per_s=1.0 / per_byte if per_byte > 0 and math.isfinite(per_byte) else None,
+        per_descriptor_s=per_descriptor if per_descriptor is not None and per_descriptor > 0 else None,
+        median_abs_error_pct=round(median_error, 3),
+        note=note,
+    )
