@@ -1,0 +1,58 @@
+"""nixlbench's text table read as link calibration points, both table shapes."""
+
+from __future__ import annotations
+
+from hybridtrace.ingest.nixlbench import looks_like_nixlbench, parse_nixlbench
+
+STARS, DASHES = "*" * 160, "-" * 160
+
+
+def config(**options: str) -> list[str]:
+    lines = [STARS, "NIXLBench Configuration", STARS]
+    for key, value in options.items():
+        lines.append(f"{f'{key} (--{key.lower()}=[...])':<60}: {value}")
+    return [*lines, STARS]
+
+
+def table(columns: list[tuple[str, int]], rows: list[list[str]]) -> list[str]:
+    header = "".join(f"{name:<{width}}" for name, width in columns)
+    out = [header, DASHES]
+    for row in rows:
+        out.append("".join(f"{cell:<{width}}" for cell, (_, width) in zip(row, columns, strict=True)))
+    return out
+
+
+DEFAULT = [("Block Size (B)", 20), ("Batch Size", 15), ("B/W (GB/Sec)", 15), ("Avg Lat. (us)", 15),
+           ("Avg Prep (us)", 15), ("P99 Prep (us)", 15), ("Avg Post (us)", 15), ("P99 Post (us)", 15),
+           ("Avg Tx (us)", 15), ("P99 Tx (us)", 15)]
+
+
+def test_the_default_table_and_its_configuration():
+    text = "\n".join([
+        *config(Backend="UCX", Op_type="READ", Initiator_seg_type="VRAM"),
+        *table(DEFAULT, [
+            ["4096", "1", "1.234567", "3.3", "1.0", "2.0", "0.8", "1.5", "2.4", "4.0"],
+            ["67108864", "1", "24.500000", "2739.2", "1.1", "2.2", "1.2", "2.0", "2738.0", "2900.0"],
+            ["8192", "x", "1", "1", "1", "1", "1", "1", "1", "1"],
+        ]),
+    ])
+    assert looks_like_nixlbench(text.encode())
+    bench = parse_nixlbench(text)
+    assert bench.config == {"backend": "UCX", "op_type": "READ", "initiator_seg_type": "VRAM"}
+    first, big = bench.rows
+    assert first["block_bytes"] == 4096 and first["batch_size"] == 1 and first["gb_per_s"] == 1.234567
+    assert big["avg_post_us"] == 1.2 and big["avg_tx_us"] == 2738.0 and big["p99_tx_us"] == 2900.0
+    (reject,) = bench.rejects
+    assert reject[0] == first["line_number"] + 2 and "batch_size is not a number" in reject[1]
+
+
+def test_the_pairwise_table_with_aggregate_columns():
+    columns = [*DEFAULT[:3], ("Aggregate B/W (GB/Sec)", 25), ("Network Util (%)", 20), *DEFAULT[3:]]
+    text = "\n".join(table(columns, [["1048576", "4", "10.5", "42.0", "21.0", *["1.0"] * 7]]))
+    (row,) = parse_nixlbench(text).rows
+    assert row["gb_per_s"] == 10.5 and row["aggregate_gb_per_s"] == 42.0 and row["network_util_pct"] == 21.0
+    assert row["avg_latency_us"] == 1.0
+
+
+def test_other_text_is_not_nixlbench():
+    assert not looks_like_nixlbench(b"INFO 04-21 10:02:11 [worker.py:367] hello")
