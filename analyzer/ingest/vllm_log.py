@@ -294,7 +294,53 @@ def _events_frame(
     return events, carry, top_rank
 
 
-def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
+# A collector stamp with its zone cut off, to check that its date and time exist; an offset
+# is hours 00-23 and minutes 00-59.
+_ZONE_SUFFIX = r"(?:Z|[+-]\d\d:?\d\d)$"
+_OFFSET = r"[+-]\d\d:?\d\d$"
+_GOOD_OFFSET = r"[+-](?:[01]\d|2[0-3]):?[0-5]\d$"
+
+
+def _reject_events(events: pl.DataFrame, bad: pl.Expr, reason: pl.Expr, result: LogResult) -> pl.DataFrame:
+    """Move the events where ``bad`` holds to ``result.rejects`` (with ``reason``); return the rest."""
+    flagged = events.with_columns(bad.fill_null(False).alias("_bad"))
+    if not flagged["_bad"].any():
+        return events
+    rejected = flagged.filter(pl.col("_bad")).select(
+        "line_number", reason.alias("reason"), pl.col("first_text").str.slice(0, RAW_LIMIT).alias("raw")
+    )
+    result.rejects.extend(rejected.iter_rows(named=True))
+    return flagged.filter(~pl.col("_bad")).drop("_bad")
+
+
+def _impossible_stamps(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
+    """Reject events whose stamp names no date or time (02-30, 13-01, 25:61:61), before the
+    year walk, so that a month that does not exist cannot start a new year for the lines
+    after it. February 29 passes here (2000 is a leap year): its own year decides later."""
+    if events.height == 0:
+        return events
+    own = pl.format("2000-{} {}", pl.col("md"), pl.col("hms")).str.to_datetime(
+        "%Y-%m-%d %H:%M:%S", strict=False
+    )
+    # the parser takes second 60 for a leap second, which a log's clock never writes
+    clock = pl.col("hms").str.contains(r"^(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d$")
+    events = _reject_events(
+        events,
+        own.is_null() | ~clock,
+        pl.format("time stamp is not a date and time: {} {}", "md", "hms"),
+        result,
+    )
+    wrap = pl.col("wrap").str.replace(" ", "T")
+    naive = wrap.str.replace(_ZONE_SUFFIX, "").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", strict=False)
+    bad_offset = wrap.str.contains(_OFFSET) & ~wrap.str.contains(_GOOD_OFFSET)
+    clock = wrap.str.contains(r"T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d")
+    bad_wrap = pl.col("wrap").is_not_null() & (naive.is_null() | ~clock | bad_offset)
+    return _reject_events(
+        events, bad_wrap, pl.format("time stamp is not a date and time: {}", "wrap"), result
+    )
+
+
+def _with_ts(ctx: LogContext, events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
     """Epoch seconds of every event, and the raw stamp it came from.
 
     Stamps carry no year: the first event's year comes from ``--year`` or the object's
@@ -338,6 +384,25 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame) -> pl.DataFrame:
     local = pl.format("{}-{} {}", pl.lit(years), pl.col("md"), pl.col("hms")).str.to_datetime(
         "%Y-%m-%d %H:%M:%S", strict=False
     )
+    # Only February 29 of a year that has none is left to fail here (_impossible_stamps
+    # took the rest): a reject too.
+    missing_day = events.select(local.is_null().alias("x"))["x"]
+    if missing_day.any():
+        keep = ~missing_day
+        _reject_events(
+            events.with_columns(years),
+            missing_day,
+            pl.format("time stamp is not a date and time: {} {} in {}", "md", "hms", "year"),
+            result,
+        )
+        events, years = events.filter(keep), years.filter(keep)
+        if events.height == 0:
+            return events.with_columns(
+                pl.lit(None, pl.Float64).alias("ts"), pl.lit(None, pl.String).alias("stamp")
+            )
+        local = pl.format("{}-{} {}", pl.lit(years), pl.col("md"), pl.col("hms")).str.to_datetime(
+            "%Y-%m-%d %H:%M:%S", strict=False
+        )
     # When clocks go back, an hour of stamps repeats. A stamp more than half an hour before
     # the latest one read (so not a late line of another process) starts the second pass
     # of that hour, which lasts until the stamps are past the latest again; any other
@@ -529,7 +594,7 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
         ctx.max_tp_rank = int(top_rank)
         if ctx.logged_tp is None:
             result.engine["tp_size"] = max(ctx.max_tp_rank + 1, 2)
-    events = _with_ts(ctx, events)
+    events = _with_ts(ctx, _impossible_stamps(events, result), result)
     indices = _engine_indices(ctx, events)
     events = _bulk_kinds(events, result)
     for event in events.iter_rows(named=True):
