@@ -327,3 +327,16 @@ def test_without_the_read_hook_the_nixl_calls_still_tell_a_read(
     assert read["status"] == "ok" and read["remote_request_id"] == "nohook-0"
     assert read["request_id"] is None  # not guessed: ingest rejects it as incomplete
     assert validate(read) != []
+
+
+def test_vllm_resolves_the_documented_flag_to_this_connector() -> None:
+    """The flag users are told to set, read by vLLM's own factory, names this class."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    flag = json.loads(
+        '{"kv_connector":"NixlConnector","kv_connector_module_path":"hybridtrace.connector.vllm",'
+        '"kv_role":"kv_both","kv_connector_extra_config":{"hybridtrace_dir":"/var/log/hybridtrace"}}'
+    )
+    assert KVConnectorFactory.get_connector_class(KVTransferConfig(**flag)) is NixlConnector
+    assert KVConnectorFactory.supports_hma_config(KVTransferConfig(**flag))

@@ -41,11 +41,13 @@ Typical use::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -270,6 +272,7 @@ def _model_dir(kind: Kind) -> Path:
     """A directory holding only the model's config.json (vLLM reads shapes from it)."""
     if kind not in _model_dirs:
         directory = Path(tempfile.mkdtemp(prefix=f"hybridtrace-{kind}-model-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
         (directory / "config.json").write_text(json.dumps(_MODEL_CONFIGS[kind]))
         _model_dirs[kind] = directory
     return _model_dirs[kind]
