@@ -700,6 +700,94 @@ def demo_command(
     )
 
 
+@app.command("verify")
+def verify_command(
+    pd: Annotated[str, typer.Option("--pd", help="The P/D deployment's URL (its router or proxy).")],
+    control: Annotated[
+        str, typer.Option("--control", help="A colocated server of the same model (a plain vllm serve).")
+    ],
+    prompts: Annotated[
+        str | None,
+        typer.Option(help="JSON Lines: prompt (text) or prompt_token_ids per line, optional id."),
+    ] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(help="Without --prompts: missing-prefix lengths of the store's traffic "
+                          "(default p50,p95,max; pNN, max or a token count)."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens compared per prompt.")] = 32,
+    logprobs: Annotated[int, typer.Option(help="Top logprobs per token (at least 2, to judge ties).")] = 5,
+    concurrency: Annotated[int, typer.Option(help="Prompts in flight at once.")] = 4,
+    tie_tolerance: Annotated[
+        float, typer.Option(help="Nats between the control's top two within which a parting is a near tie.")
+    ] = 0.01,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for one answer.")] = 120.0,
+    retries: Annotated[int, typer.Option(help="Tries again after 429, 5xx or a dropped connection.")] = 3,
+    model: Annotated[
+        str | None, typer.Option(help="The served model name (default: the one the P/D serves).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed sent to both; also draws built prompts.")] = 0,
+    store: StoreOption = None,
+    fail_on: Annotated[
+        str | None, typer.Option(help="Exit 1 when a prompt is: mismatch, near_tie (comma-separated), any.")
+    ] = None,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--quiet", help="Progress on stderr (default: when stderr is a terminal)."),
+    ] = None,
+    fmt: FormatOption = OutputFormat.table,
+) -> None:
+    """Compare greedy outputs of a P/D deployment with a colocated control, prompt by prompt, into the store.
+
+    Exit 0 when every prompt was compared (and none matched --fail-on), 1 when one matched
+    --fail-on, 2 on bad usage or when a prompt could not be compared (its row says why).
+    """
+    from hybridtrace.store import default_store
+    from hybridtrace.verify import VerifyOptions, parse_outcomes, verify
+
+    _no_csv(fmt, "verify")
+    outcomes = parse_outcomes(fail_on, "--fail-on") if fail_on is not None else set()
+    summary = verify(
+        VerifyOptions(
+            pd=pd, control=control, store=store or default_store(), prompts=prompts, lengths=lengths,
+            max_tokens=max_tokens, logprobs=logprobs, concurrency=concurrency, tie_tolerance=tie_tolerance,
+            timeout_s=timeout, retries=retries, model=model, seed=seed,
+            progress=sys.stderr.isatty() if progress is None else progress,
+        )
+    )  # fmt: skip
+    if fmt is OutputFormat.json:
+        typer.echo(to_json(summary.as_dict()))
+    else:
+        counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in summary.by_status.items())
+        pairs = [
+            ("model", f"{summary.model} (P/D {summary.pd_url}, control {summary.control_url})"),
+            ("prompts", f"{summary.prompts}: {counts}"),
+            ("store", f"{summary.store}: table verifications, run {summary.run_id}"),
+            ("time", f"{summary.seconds:.2f} s"),
+        ]
+        pairs += [("note", note) for note in summary.notes]
+        typer.echo(to_pairs(pairs))
+        parted = [
+            {"prompt": r["prompt_id"] or f"#{r['prompt_index']}", "status": r["status"],
+             "token": r.get("first_divergence"), "of": r.get("tokens_compared"),
+             "control gap": round(r["control_top_gap"], 4) if r.get("control_top_gap") is not None else None,
+             "P/D id": r.get("pd_response_id")}
+            for r in summary.results if r["status"] in ("mismatch", "near_tie")
+        ]  # fmt: skip
+        if parted:
+            typer.echo("\nWhere the outputs part\n\n" + to_table(parted, right_align=["token", "of"]))
+    errors = summary.errors
+    if errors:
+        first = errors[0]
+        label = first["prompt_id"] or f"#{first['prompt_index']}"
+        typer.echo(f"hybridtrace: error: {len(errors)} of {summary.prompts} prompts could not be compared "
+                   f"(first, {label}: {first['error']}); their rows in verifications say why",
+                   err=True)  # fmt: skip
+        raise typer.Exit(2)
+    if summary.matched(outcomes):
+        raise typer.Exit(1)
+
+
 def _model_table(m: dict) -> str:
     pairs: list[tuple[str, str]] = []
     if m["source"] == "raw":

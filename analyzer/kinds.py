@@ -19,7 +19,12 @@ KINDS = (
 # Added by this project, from native metrics (engine scope): block rounding hides the
 # padding, and intervals no reading of the byte model explains.
 EXTRA_KINDS = ("padding_undecidable", "native_unexplained")
-ALL_KINDS = KINDS + EXTRA_KINDS
+# Added by this project, from `hybridtrace verify` results: the simulator has no outputs to
+# compare, so this kind is not among the injectable ones.
+VERIFY_KINDS = ("output_mismatch",)
+# Kinds with a rule of their own, finding_<kind>: the analyzer runs each.
+RULED_KINDS = KINDS + VERIFY_KINDS
+ALL_KINDS = KINDS + EXTRA_KINDS + VERIFY_KINDS
 
 
 def parse_kinds(text: str, where: str) -> set[str]:

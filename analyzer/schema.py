@@ -95,6 +95,7 @@ TABLES = (
     "sources",
     "models",
     "prom_samples",
+    "verifications",
 )
 DERIVED = ("engine_models",)
 

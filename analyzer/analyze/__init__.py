@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
-from hybridtrace.kinds import KINDS
+from hybridtrace.kinds import KINDS, RULED_KINDS, VERIFY_KINDS
 
 __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
@@ -47,6 +47,8 @@ RULE_INPUTS = {
     "native_padding": _NATIVE_INTERVALS,
     "native_unexplained": _NATIVE_INTERVALS,
     "native_counters": "SELECT count(*) FROM intervals",
+    # the outputs compared: a prompt that got no answer was not
+    "output_mismatch": "SELECT count(*) FROM verifications WHERE status <> 'error'",
 }
 # The kinds each rule can raise: a rule is named for its kind, except the native-metrics
 # rules, which judge engines and intervals and raise the kinds the trace rules raise per
@@ -64,6 +66,7 @@ _INPUT_TABLES = (
     "log_events",
     "prom_samples",
     "engine_models",
+    "verifications",
 )
 
 
@@ -111,6 +114,19 @@ def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED
         for name, sql in reversed(originals.items()):
             con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
             con.execute(f"DROP TABLE IF EXISTS _snapshot_{name}")
+
+
+@contextmanager
+def _reading(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> Iterator[None]:
+    """View ``name`` defined as ``sql`` for the duration, then as it was."""
+    original = con.execute(
+        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+    ).fetchall()[0][0]
+    con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+    try:
+        yield
+    finally:
+        con.execute(original.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
 
 
 @dataclass
@@ -163,10 +179,18 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
     # table: DuckDB runs the union in parallel, and nothing crosses into Python row by row.
     views = [f"finding_{kind}" for kind in KINDS] + list(NATIVE_VIEWS)
     union = " UNION ALL BY NAME ".join(f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views)
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM ({union}) ORDER BY {_ORDER_BY}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM ({union})")
+    # output_mismatch names the other findings of the same handoff: it reads them from the
+    # table just made rather than running their rules a second time
+    with _reading(con, "_handoff_findings", "SELECT kind, engine_id, request_id FROM _findings"):
+        for kind in VERIFY_KINDS:
+            con.execute(f"INSERT INTO _findings BY NAME SELECT 'finding_{kind}' AS rule, {_COLUMNS} "
+                        f"FROM finding_{kind}")  # fmt: skip
+    views += [f"finding_{kind}" for kind in VERIFY_KINDS]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM _findings ORDER BY {_ORDER_BY}")
     per_view = dict.fromkeys(views, 0)
     per_view.update(con.sql("SELECT rule, count(*) FROM _findings GROUP BY rule").fetchall())
-    by_kind = dict.fromkeys(KINDS, 0)
+    by_kind = dict.fromkeys(RULED_KINDS, 0)
     by_kind.update(con.sql("SELECT kind, count(*) FROM _findings GROUP BY kind ORDER BY kind").fetchall())
     severities = dict(
         con.sql(

@@ -22,6 +22,9 @@ from hybridtrace.kinds import KINDS
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
 FINDINGS_SHOWN = 500
+# How many verify runs, and prompts whose outputs parted, the page lists (newest first).
+VERIFY_RUNS_SHOWN = 20
+VERIFY_ROWS_SHOWN = 200
 
 
 @dataclass
@@ -41,6 +44,8 @@ class ReportData:
     intervals: list[dict]
     findings: list[dict]
     counts: dict[str, int] = field(default_factory=dict)
+    verification_runs: list[dict] = field(default_factory=list)
+    verifications: list[dict] = field(default_factory=list)  # the prompts whose outputs parted
 
     @property
     def summary(self) -> dict:
@@ -101,7 +106,22 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
                 ),
                 "intervals": _scalar(con, "SELECT count(*) FROM intervals"),
                 "findings": len(analysis),
+                "verifications": _scalar(con, "SELECT count(*) FROM verifications"),
+                "verifications_parted": _scalar(
+                    con, "SELECT count(*) FROM verifications WHERE status <> 'match'"
+                ),
             },
+            verification_runs=rows(
+                con, f"SELECT * FROM verification_runs ORDER BY started_ts DESC LIMIT {VERIFY_RUNS_SHOWN}"
+            ),
+            verifications=rows(
+                con,
+                "SELECT run_id, prompt_index, prompt_id, status, first_divergence, tokens_compared, "
+                "control_top_gap, max_logprob_diff, pd_response_id, engine_id, request_id, error "
+                "FROM verification_handoffs WHERE status IN ('mismatch', 'near_tie', 'error') "
+                "ORDER BY CASE status WHEN 'mismatch' THEN 0 WHEN 'error' THEN 1 ELSE 2 END, ts DESC "
+                f"LIMIT {VERIFY_ROWS_SHOWN}",
+            ),
         )
     for finding in data.findings:
         evidence = finding["evidence"].items()
