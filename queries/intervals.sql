@@ -23,6 +23,7 @@
 --   transported_bytes      exact bytes of the interval (scrapes only; logs print rounded MiB)
 --   failed_transfers       failed transfers in the interval (scrapes; logs when printed)
 --   expired_requests       KV-expired requests in the interval (scrapes; logs when printed)
+--   line_hash              hash of the log line's text (null for scrapes): tells lines of one second apart
 -- prom_deltas: every kept Prometheus series as per-scrape differences.
 --
 -- One row per series and scrape after its first: vLLM's vllm:nixl_* and
@@ -151,10 +152,11 @@ LEFT JOIN _prom_p90 p
 
 -- A log interval starts where the engine process's previous line (for the same engine
 -- index) ended, whichever file (a rotated part, an earlier read) that line came from.
+-- Lines of one second follow each other in the order they were written.
 CREATE OR REPLACE VIEW intervals AS
 SELECT * REPLACE (
-    coalesce(lag(end_ts) OVER (PARTITION BY engine_id, process, engine_index ORDER BY end_ts), start_ts)
-        AS start_ts
+    coalesce(lag(end_ts) OVER (PARTITION BY engine_id, process, engine_index ORDER BY end_ts, line_number),
+             start_ts) AS start_ts
 )
 FROM _intervals_log
 UNION ALL BY NAME

@@ -3,6 +3,7 @@ and distinct log lines of one second, each format read through ``ingest()``."""
 
 from __future__ import annotations
 
+import gzip
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,3 +93,48 @@ def test_an_impossible_collector_stamp_is_a_reject(tmp_path):
     assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects") == [
         (1, "time stamp is not a date and time: 2026-02-30T22:45:49.213Z")
     ]
+
+
+# --- distinct KV Transfer metrics lines of one second -------------------------------------
+
+
+def _kv_033(n: int, failed: int, stamp: str) -> str:
+    """A `KV Transfer metrics` line as vLLM 0.33's stats logger writes it."""
+    message = (
+        f"KV Transfer metrics: Num successful transfers={n}, Avg xfer time (ms)=9.862, "
+        "P90 xfer time (ms)=9.862, Avg post time (ms)=5.693, P90 post time (ms)=5.693, "
+        "Avg MB per transfer=70.0, "
+        f"Throughput (MB/s)=7097.952, Avg number of descriptors=56.0, Num failed transfers={failed}, "
+        "Num KV expired reqs=0, Num notifs after expiry=0"
+    )
+    return vllm_line(message, stamp=stamp, where="metrics.py:108", process="MainProcess pid=17951")
+
+
+def test_distinct_kv_lines_of_one_second_are_all_intervals_and_a_reread_adds_none(tmp_path):
+    lines = [vllm_line(f"Initializing NIXL worker {ENGINE_ID}", stamp="12-01 19:02:00")]
+    lines += [_kv_033(n, failed, "12-01 19:03:00") for n, failed in ((3, 0), (5, 1), (0, 2), (7, 0))]
+    lines.append(_kv_033(2, 0, "12-01 19:03:10"))
+    log = write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "s", year=2026)
+    assert summary.duplicates == 0 and summary.rows["intervals"] == 5
+    store = tmp_path / "s"
+    got = rows(
+        store, "SELECT transfers, failed_transfers, start_ts, end_ts FROM intervals ORDER BY line_number"
+    )
+    t = datetime(2026, 12, 1, 19, 3, tzinfo=UTC).timestamp()
+    assert [r[:2] for r in got] == [(3, 0), (5, 1), (0, 2), (7, 0), (2, 0)]
+    assert [r[3] for r in got] == [t] * 4 + [t + 10]
+    # each interval starts where the one logged before it ended, the first where nothing says
+    assert [r[2] for r in got] == [None, t, t, t, t]
+    # the views add up over every line: the counters and the report's timeline
+    assert rows(store, "SELECT failed_counted FROM _counted_events") == [(3,)]
+    assert rows(store, "SELECT transfers, failed_transfers FROM report_intervals ORDER BY end_ts") == [
+        (15, 3),
+        (2, 0),
+    ]
+    # a rotated copy and a re-read of the same lines add nothing
+    write(tmp_path / "in" / "d" / "vllm.log.1.gz", gzip.compress(log.read_bytes()))
+    summary = ingest([tmp_path / "in"], tmp_path / "s", year=2026)
+    assert summary.duplicates == 6 and summary.rows.get("intervals", 0) == 0  # and the engine's row
+    assert rows(store, "SELECT count(*) FROM intervals") == [(5,)]
+    assert rows(store, "SELECT sum(duplicates) FROM sources WHERE uri LIKE '%.gz'") == [(6,)]

@@ -17,6 +17,7 @@ TTY ends every line in ``\r``; then a second ``\r`` marks a continued message.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -504,6 +505,7 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
             pl.col("ts").alias("end_ts"),
             pl.col("process"),
             pl.col("line_number"),
+            pl.col("first_text"),
             x.field("transfers").cast(pl.Int64).alias("transfers"),
             (x.field("axf").cast(pl.Float64) * 1e-3).alias("avg_xfer_s"),
             (x.field("pxf").cast(pl.Float64) * 1e-3).alias("p90_xfer_s"),
@@ -513,6 +515,7 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
             x.field("tput").cast(pl.Float64).alias("throughput_mib_s"),
             x.field("desc").cast(pl.Float64).alias("avg_descriptors"),
         ).iter_rows(named=True):
+            row["line_hash"] = _line_hash(row.pop("first_text"))
             result.intervals.append(row)
     stats = _matching(events, _STATS_LINE, "engine")
     if stats.height:
@@ -556,6 +559,12 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
         )
     done = pl.concat([kv["line_number"], stats["line_number"], expired["line_number"]])
     return events.filter(~pl.col("line_number").is_in(done.implode()))
+
+
+def _line_hash(text: str) -> str:
+    """The interval's key beside its time and process: a hash of the line as written, so that
+    two lines of one second are two intervals and the same line read twice is one."""
+    return hashlib.md5(text.encode()).hexdigest()
 
 
 def _rank(process: str | None) -> int | None:
@@ -678,7 +687,13 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
             reject("KV Transfer metrics line whose fields do not parse")
             return
         result.intervals.append(
-            {"end_ts": ts, "process": process, "line_number": event["line_number"], **values}
+            {
+                "end_ts": ts,
+                "process": process,
+                "line_number": event["line_number"],
+                "line_hash": _line_hash(event["first_text"]),
+                **values,
+            }
         )
         return
     if match := _ENGINE_STATS.match(message):
