@@ -45,6 +45,7 @@ from hybridtrace.errors import UsageError
 from hybridtrace.kinds import parse_kinds
 from hybridtrace.storage import LeaseHeld, root_of
 from hybridtrace.toml_files import read_toml
+from hybridtrace.verify_job import VerifyStep, judge, load_verify_step, run_verify_step
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -63,6 +64,7 @@ class JobConfig:
     lease_s: float = 300.0
     max_run_s: float = 3600.0
     thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
+    verify: VerifyStep | None = None  # [verify]: compare outputs with a control before the analysis
 
 
 _KEYS = {
@@ -88,6 +90,7 @@ def load_job(path: str | Path) -> JobConfig:
     path = Path(path)
     raw = read_toml(path, "job file")
     known = {"inputs", "store", "report", "alert", "thresholds"}
+    known.add("verify")  # checked by hybridtrace.verify_job
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{path}: unknown sections {unknown} (known: {', '.join(sorted(known))})")
@@ -128,6 +131,7 @@ def load_job(path: str | Path) -> JobConfig:
         from hybridtrace.analyze.thresholds import load as load_thresholds
 
         load_thresholds(path)
+    verify_step = load_verify_step(raw.get("verify"), path, store["path"])
     return JobConfig(
         paths=list(paths),
         store=store["path"],
@@ -141,6 +145,7 @@ def load_job(path: str | Path) -> JobConfig:
         lease_s=number(alert, "lease_s", 300),
         max_run_s=number(alert, "max_run_s", 3600),
         thresholds_file=str(path) if "thresholds" in raw else None,
+        verify=verify_step,
     )
 
 
@@ -214,6 +219,9 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
             if ingested.errors:
                 summary["unreadable"] = ingested.errors
                 summary["message"] = "; ".join(ingested.error_messages)
+            if config.verify is not None:
+                # after the ingest, before the analysis: the report sees this run's comparisons
+                summary["verify"] = run_verify_step(config.verify)
             con = Store(config.store).connect()
             data = collect(con, store=config.store, config=config.thresholds_file)
             by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
@@ -246,5 +254,9 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
         summary["status"], code = "nothing to analyze", EXIT_ERROR
     elif matched:
         summary["status"], code = "findings", EXIT_FINDINGS
+    if config.verify is not None:  # the verify step's own policy
+        code, summary["status"] = judge(summary["verify"], code, summary["status"])
+        if summary["status"] == "verify error":
+            summary.setdefault("message", summary["verify"].get("message"))
     summary["seconds"] = round(time.monotonic() - started, 3)
     return code, summary

@@ -330,3 +330,53 @@ def test_compare_tells_ties_from_divergences_and_a_stopped_side():
     assert stopped.status == "mismatch" and stopped.first_divergence == 2 and stopped.tokens_compared == 2
     same = compare(control, control, 0.01)
     assert same.status == "match" and same.first_divergence is None and same.max_logprob_diff == 0
+
+
+def test_the_scheduled_job_runs_a_verify_step_with_its_own_alert_policy(tmp_path):
+    from servers import free_port
+    from tracegen import transfer_records
+
+    write_jsonl(tmp_path / "in" / "decode-0" / "trace.jsonl", transfer_records(5, tp=2))
+    prompts = prompts_file(tmp_path / "p.jsonl", PROMPTS[:3])
+
+    def job(name: str, verify: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(f"""
+[inputs]
+paths = ["{tmp_path / 'in'}"]
+[store]
+path = "{tmp_path / name}"
+[report]
+html = "{tmp_path / name / 'report.html'}"
+[verify]
+{verify}
+""")
+        return path
+
+    def run_job(path: Path) -> tuple[int, dict]:
+        done = run("run", "--config", str(path), env=keys())
+        lines = done.stdout.strip().splitlines()
+        assert len(lines) == 1, (done.stdout, done.stderr)
+        return done.returncode, json.loads(lines[0])
+
+    with FakeVllm("control", model=MODEL, behaviours=BEHAVIOURS) as control, \
+         FakeVllm("pd", model=MODEL, behaviours=BEHAVIOURS) as pd:  # fmt: skip
+        urls = f'pd = "{pd.url}"\ncontrol = "{control.url}"\nprompts = "{prompts}"\nmax_tokens = 8\n'
+        code, summary = run_job(job("alerting", urls + 'fail_on = ["mismatch"]'))
+        assert code == 1 and summary["status"] == "output mismatch", summary
+        step = summary["verify"]
+        assert (step["prompts"], step["mismatch"], step["near_tie"], step["match"]) == (3, 2, 1, 0)
+        assert step["fail_on_matched"] == ["mismatch"]
+        # the analysis ran after the step: its findings and the report hold this run's comparisons
+        assert summary["by_kind"]["output_mismatch"] == 2
+        assert 'id="verifications"' in (tmp_path / "alerting" / "report.html").read_text()
+        # without fail_on the step records and alerts on nothing; near ties alone never alert
+        code, summary = run_job(job("quiet", urls))
+        assert code == 0 and summary["status"] == "ok" and summary["verify"]["mismatch"] == 2
+    # a server that cannot be reached: exit 2, and the rest of the run still happened
+    gone = f'pd = "http://127.0.0.1:{free_port()}"\ncontrol = "http://127.0.0.1:{free_port()}"\nretries = 0\n'
+    code, summary = run_job(job("down", gone + f'prompts = "{prompts}"'))
+    assert code == 2 and summary["status"] == "verify error" and "cannot reach" in summary["message"]
+    assert (tmp_path / "down" / "report.html").exists() and summary["objects"]["read"] == 1
+    code, summary = run_job(job("typo", urls.replace("max_tokens", "max_token")))
+    assert code == 2 and summary["status"] == "error" and "[verify] has unknown keys" in summary["message"]
