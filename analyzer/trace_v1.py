@@ -310,8 +310,13 @@ def validate(record: object) -> list[str]:
         got = _typed(f.type, value)
         if got is None:
             problems.append(f"wrong type for {f.name} (want {TYPES[f.type]})")
-        else:
-            typed[f.name] = got
+            continue
+        if isinstance(got, float) and not math.isfinite(got):
+            # json.dumps writes NaN and Infinity, and the reader takes them, but they measure
+            # nothing: the ingester rejects them (and 1e999, which reads as infinity)
+            problems.append(f"{f.name} is not a finite number: {_number_text(got)}")
+            continue
+        typed[f.name] = got
     for f in rtype.enums:
         value = typed.get(f.name)
         if value is not None and value not in (f.enum or ()):
@@ -406,7 +411,9 @@ def markdown() -> str:
         "Otherwise it is a reject, with the reason: `not valid JSON`, `invalid UTF-8`, "
         '`no "v" field`, `unsupported trace version 2`, `unknown record type header`, '
         "`missing field rank`, `wrong type for xfer_s (want double)`, `unknown status maybe`, "
-        "`rank out of range: 4`, … Types are strict: a number field takes any JSON number; "
+        "`rank out of range: 4`, `xfer_s is not a finite number: nan`, … Types are strict: a "
+        "number field takes any finite JSON number (not `NaN`, `Infinity` or a number too "
+        "large for a double, such as `1e999`, which some JSON writers emit); "
         "an integer field no fraction, boolean or quoted number; a true/false field only "
         "`true` or `false`; a text field text, or a number, read as its text. "
         "`hybridtrace.trace_v1.validate(record)` lists a record's problems by these rules "

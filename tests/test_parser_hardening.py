@@ -4,13 +4,17 @@ and distinct log lines of one second, each format read through ``ingest()``."""
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from loggen import ENGINE_ID, kv_metrics, vllm_line
+from tracegen import dropped_record, engine_record, release_record, transfer_records
 
+from hybridtrace import trace_v1
 from hybridtrace.ingest.run import ingest
 from hybridtrace.store import Store
 
@@ -138,3 +142,247 @@ def test_distinct_kv_lines_of_one_second_are_all_intervals_and_a_reread_adds_non
     assert summary.duplicates == 6 and summary.rows.get("intervals", 0) == 0  # and the engine's row
     assert rows(store, "SELECT count(*) FROM intervals") == [(5,)]
     assert rows(store, "SELECT sum(duplicates) FROM sources WHERE uri LIKE '%.gz'") == [(6,)]
+
+
+# --- non-finite numbers -------------------------------------------------------------------
+
+_FLOAT_FIELDS = sorted(
+    {(r.name, f.name) for r in trace_v1.RECORD_TYPES.values() for f in r.fields if f.type == "float64"}
+)
+_NON_FINITE = [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("1e999", "inf"), ("-1e999", "-inf"),
+]  # fmt: skip
+
+
+def _base_records() -> dict[str, dict]:
+    return {
+        "engine": engine_record("decode-0", "decode", 2),
+        "transfer": transfer_records(1)[0],
+        "request": transfer_records(1)[-1],
+        "release": release_record("prefill-0", "p-1", T0 + 30),
+        "dropped": dropped_record("decode-0", 3, T0 + 40),
+    }
+
+
+def test_non_finite_numbers_in_a_trace_are_rejects_on_every_path(tmp_path):
+    import duckdb
+
+    from hybridtrace.ingest.trace import fast_parse, parse_trace
+
+    bases = _base_records()
+    good = [json.dumps(r) for r in bases.values()]
+    bad, expected = [], []
+    for rtype, name in _FLOAT_FIELDS:
+        for literal, shown in _NON_FINITE:
+            item = {**bases[rtype], name: 0.5}
+            bad.append(json.dumps(item).replace(f'"{name}": 0.5', f'"{name}": {literal}'))
+            expected.append(f"{name} is not a finite number: {shown}")
+    lines = [line.encode() for line in [*good, *bad]]
+    tables, rejects = parse_trace(duckdb.connect(), lines, 1, "src")
+    reasons = dict(zip(rejects["line_number"].to_pylist(), rejects["reason"].to_pylist(), strict=True))
+    assert sum(t.num_rows for t in tables.values()) == len(good)
+    assert [reasons.get(n) for n in range(len(good) + 1, len(lines) + 1)] == expected
+    # the standard library's reader takes NaN and Infinity too: validate names the same problem
+    for line, reason in zip(bad, expected, strict=True):
+        assert trace_v1.validate(json.loads(line))[:1] == [reason], line
+    for item in bases.values():
+        assert trace_v1.validate(item) == []
+        assert trace_v1.validate({**item, "ts": float("nan")})[0] == "ts is not a finite number: nan"
+    # the fast path takes none of them
+    for line in bad:
+        assert fast_parse(b"\n".join([*lines[: len(good)], line.encode()]), 1, len(good) + 1, "src") is None
+    # and through ingest: every bad line a reject, every good one read
+    write(tmp_path / "in" / "d" / "trace.jsonl", "\n".join([*good, *bad]) + "\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.rejects == len(bad)
+    assert rows(tmp_path / "s", "SELECT count(*) FROM transfers WHERE NOT isfinite(xfer_s)") == [(0,)]
+
+
+def _kv(**values: str) -> str:
+    fields = {"Num successful transfers": "24", "Avg xfer time (ms)": "12.4", "P90 xfer time (ms)": "15.871",
+              "Avg post time (ms)": "0.942", "P90 post time (ms)": "1.307", "Avg MB per transfer": "55.922",
+              "Throughput (MB/s)": "4509.829", "Avg number of descriptors": "2496.0"}  # fmt: skip
+    fields.update(values)
+    return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in fields.items())
+
+
+def test_non_finite_numbers_in_a_kv_line_are_rejects_but_vllms_own_inf_throughput_is_read(tmp_path):
+    messages = [
+        _kv(**{"Avg xfer time (ms)": "1e999999"}),
+        _kv(**{"Avg MB per transfer": "nan"}),
+        _kv(**{"P90 post time (ms)": "-inf"}),
+        _kv(**{"Throughput (MB/s)": "1e999"}),
+        # numpy's sum of transfer times can be 0 (NIXL counts whole microseconds): vLLM then
+        # prints the throughput as inf, or nan with no bytes; the line is real, the ratio unknown
+        _kv(**{"Avg xfer time (ms)": "0.0", "Throughput (MB/s)": "inf"}),
+        _kv(**{"Avg xfer time (ms)": "0.0", "Avg MB per transfer": "0.0", "Throughput (MB/s)": "nan"}),
+        # the MultiConnector form prints the dict's repr, where inf and nan are bare words
+        "KV Transfer metrics: NixlConnector={'Num successful transfers': 2, 'Avg xfer time (ms)': 0.0, "
+        "'Avg MB per transfer': 14.0, 'Throughput (MB/s)': inf, 'Avg number of descriptors': 56.0}",
+        "KV Transfer metrics: NixlConnector={'Num successful transfers': 2, 'Avg xfer time (ms)': nan}",
+    ]
+    lines = [
+        vllm_line(m, stamp=f"04-21 10:{10 + i}:00", where="metrics.py:103", process="APIServer pid=1")
+        for i, m in enumerate(messages)
+    ]
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    got = rows(tmp_path / "s", "SELECT line_number, transfers, avg_xfer_s, throughput_mib_s FROM intervals "
+                               "ORDER BY line_number")  # fmt: skip
+    assert got == [(5, 24, 0.0, None), (6, 24, 0.0, None), (7, 2, 0.0, None)]
+    rejects = rows(tmp_path / "s", "SELECT line_number, reason FROM rejects ORDER BY line_number")
+    assert rejects == [(n, "KV Transfer metrics line whose fields do not parse") for n in (1, 2, 3, 4, 8)]
+
+
+def test_prometheus_non_finite_values_are_read_where_the_format_allows_them(tmp_path):
+    lines = [
+        "# TYPE vllm:nixl_xfer_time_seconds histogram",
+        'vllm:nixl_xfer_time_seconds_bucket{engine="0",le="0.5"} 2',
+        'vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf"} 3',  # the last bucket's bound
+        'vllm:nixl_xfer_time_seconds_count{engine="0"} 3',
+        'vllm:nixl_xfer_time_seconds_sum{engine="0"} 0.7',
+        'agent_xfer_time{hostname="h",agent_name="a"} NaN',  # a gauge may say NaN
+        'agent_rx_last_bytes{hostname="h",agent_name="a"} +Inf',
+        'agent_xfer_post_time{hostname="h",agent_name="a"} Nan',  # prometheus-cpp spells it so
+        # counters become deltas and sums: they must be finite
+        'vllm:nixl_num_failed_transfers_total{engine="0"} NaN',
+        'vllm:nixl_num_kv_expired_reqs_total{engine="0"} +Inf',
+        'vllm:nixl_xfer_time_seconds_sum{engine="1"} -Inf',
+        'vllm:nixl_xfer_time_seconds_count{engine="1"} NaN',
+        'vllm:nixl_xfer_time_seconds_bucket{engine="1",le="1"} +Inf',
+        'vllm:nixl_num_failed_transfers_created{engine="0"} NaN',
+        # a bucket bound is a number or +Inf
+        'vllm:nixl_xfer_time_seconds_bucket{engine="2",le="NaN"} 1',
+        'vllm:nixl_xfer_time_seconds_bucket{engine="2",le="-Inf"} 1',
+        'vllm:nixl_xfer_time_seconds_bucket{engine="2",le="fast"} 1',
+        # a number too large for a double is no number, in any field
+        'vllm:nixl_num_failed_transfers_total{engine="3"} 1e999',
+        'agent_xfer_time{hostname="h",agent_name="b"} -1e999',
+        'vllm:nixl_xfer_time_seconds_bucket{engine="3",le="1e999"} 1',
+    ]
+    write(tmp_path / "in" / "x" / "m-20260421T100010Z.prom", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    kept = rows(tmp_path / "s", "SELECT line_number, le, value FROM prom_samples ORDER BY line_number")
+    assert [k[0] for k in kept] == [2, 3, 4, 5, 6, 7, 8]
+    assert kept[1][1] == math.inf and math.isnan(kept[4][2]) and kept[5][2] == math.inf
+    rejects = rows(tmp_path / "s", "SELECT line_number, reason FROM rejects ORDER BY line_number")
+    assert rejects == [
+        (9, "counter value is not a finite number: NaN"),
+        (10, "counter value is not a finite number: +Inf"),
+        (11, "counter value is not a finite number: -Inf"),
+        (12, "counter value is not a finite number: NaN"),
+        (13, "counter value is not a finite number: +Inf"),
+        (14, "counter value is not a finite number: NaN"),
+        (15, "bucket bound is not a number or +Inf: NaN"),
+        (16, "bucket bound is not a number or +Inf: -Inf"),
+        (17, "bucket bound is not a number or +Inf: fast"),
+        (18, "value too large for a double: 1e999"),
+        (19, "value too large for a double: -1e999"),
+        (20, "bucket bound is not a number or +Inf: 1e999"),
+    ]
+
+
+# --- malformed Prometheus labels ----------------------------------------------------------
+
+
+def test_prometheus_lines_the_exposition_format_calls_malformed_are_rejects(tmp_path):
+    lines = [
+        'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="1"model_name="m"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="2" model_name="m"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="3",model_name="a\\qb"} 1',
+        # the three escapes the format has
+        'vllm:nixl_num_failed_transfers_total{engine="4",model_name="a\\\\qb\\n\\""} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="5",engine="6"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="7",} 1',  # a trailing comma is allowed
+        'vllm:nixl_num_failed_transfers_total{engine="8",,model_name="m"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="9"} 1_000',
+        'vllm:nixl_num_failed_transfers_total{engine="10"} 0x10',
+        'vllm:nixl_num_failed_transfers_total{engine="11"} \u0661',  # another script's digit
+        'other_metric{a="1"b="2"} 1',  # malformed even where hybridtrace keeps nothing
+    ]
+    write(tmp_path / "in" / "x" / "m-20260421T100010Z.prom", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    kept = rows(tmp_path / "s", "SELECT line_number, engine_label, model_name FROM prom_samples ORDER BY 1")
+    assert kept == [(1, "0", "m"), (5, "4", 'a\\qb\n"'), (7, "7", None)]
+    assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects ORDER BY line_number") == [
+        (2, "missing comma between labels"),
+        (3, "missing comma between labels"),
+        (4, "invalid escape \\q in the value of label model_name"),
+        (6, "label engine given twice"),
+        (8, "not a Prometheus sample line"),
+        (9, "not a Prometheus sample line"),
+        (10, "not a Prometheus sample line"),
+        (11, "not a Prometheus sample line"),
+        (12, "missing comma between labels"),
+    ]
+
+
+# --- numbers of recognised log lines that their columns cannot hold ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "what"),
+    [
+        (_kv(**{"Num successful transfers": "99999999999999999999"}), "KV Transfer metrics"),
+        (_kv(**{"Num successful transfers": "1e300"}), "KV Transfer metrics"),
+        (_kv(**{"Num successful transfers": "2.5"}), "KV Transfer metrics"),
+        (_kv(**{"Avg xfer time (ms)": "1.2.3"}), "KV Transfer metrics"),
+        (_kv(**{"Avg xfer time (ms)": "1" * 400}), "KV Transfer metrics"),
+        (_kv(**{"Num successful transfers": "\u0663"}), "KV Transfer metrics"),
+        ("Setting attention block size to 99999999999999999999999 tokens to ensure that attention page size "
+         "is >= mamba page size.", "attention block size"),
+        ("Padding mamba page size by 1.2.3% to ensure that mamba page size and attention page size are "
+         "exactly equal.", "Mamba page padding"),
+        ("GPU KV cache size: ,,, tokens", "KV cache size"),
+        ("Maximum concurrency for 8,192 tokens per request: 1.2.3x", "maximum concurrency"),
+        ("Hybrid SSM registration: mamba_ssm_size=(99999999999999999999, 1)", "Hybrid SSM registration"),
+        ("Releasing expired KV blocks for request r1 which were retrieved by 99999999999999999999 decode "
+         "worker(s) within 480 seconds.", "KV expiry"),
+        ("Failing 99999999999999999999 request(s) due to KV load failure (failure_policy=fail, 1 tokens "
+         "affected). Request IDs: {'a'}", "KV load failure"),
+        ("Recovered from KV load failure: 99999999999999999999 request(s) rescheduled (1 tokens affected).",
+         "KV load recovery"),
+        ("Transfer plan: TransferTopology(tp_ratio=1, local_tp=0, remote_tp=2)", "transfer plan"),
+        ("Transfer plan: TransferTopology(tp_ratio=1, local_tp=99999999999, remote_tp=2)", "transfer plan"),
+        ("Engine 000: Avg prompt throughput: 1.2.3 tokens/s, Avg generation throughput: 1.0 tokens/s",
+         "Engine throughput"),
+    ],
+)  # fmt: skip
+def test_a_number_a_column_cannot_hold_is_a_reject_not_a_crash(tmp_path, message, what):
+    lines = [
+        vllm_line(f"Initializing NIXL worker {ENGINE_ID}", stamp="04-21 10:00:00"),
+        vllm_line(message, level="WARNING", process="Worker_TP1 pid=306", stamp="04-21 10:00:01"),
+        kv_metrics(24, 12.4, 55.922, "04-21 10:00:02"),
+    ]
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    reason = "Engine throughput line whose fields do not parse" if what == "Engine throughput" else (
+        f"{what} line whose fields do not parse"
+    )
+    assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects") == [(2, reason)]
+    assert rows(tmp_path / "s", "SELECT transfers FROM intervals") == [(24,)]
+    assert rows(tmp_path / "s", "SELECT count(*) FROM log_events WHERE line_number = 2") == [(0,)]
+
+
+def test_odd_process_ranks_and_failure_contexts_are_read_without_a_crash(tmp_path):
+    context = "{'request_id': ['a', 1], 'remote_engine_id': 7, (1, 2): {3, 4}, 'x': float('nan')}"
+    lines = [
+        vllm_line("odd", level="WARNING", process="Worker_TP99999999999 pid=1"),
+        vllm_line("odd", level="WARNING", process="VllmWorker rank=99999999999999999999 pid=1"),
+        vllm_line("NIXL transfer failure: transfer_failed | Context: {'request_id': ['a', 1], "
+                  "'remote_engine_id': 7, (1, 2): {3, 4}, 'y': 1e999}", level="ERROR"),
+        vllm_line(f"NIXL transfer failure: transfer_failed | Context: {context}", level="ERROR"),
+    ]  # fmt: skip
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    sql = "SELECT line_number, kind, rank, request_id, remote_engine_id, details FROM log_events ORDER BY 1"
+    events = rows(tmp_path / "s", sql)
+    assert [e[:5] for e in events] == [(1, "warning", None, None, None), (2, "warning", None, None, None),
+                                       (3, "transfer_failed", 0, None, "7")]  # fmt: skip
+    assert json.loads(events[2][5])["y"] == "inf"  # JSON holds no infinity: said as text
+    # a context with a call in it is no literal: a reject, never evaluated
+    assert rows(tmp_path / "s", "SELECT line_number, reason FROM rejects") == [
+        (4, "NIXL transfer failure whose context does not parse")
+    ]
+    assert rows(tmp_path / "s", "SELECT tp_size FROM engines") == [(2,)]

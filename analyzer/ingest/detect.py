@@ -1,7 +1,9 @@
 """Format detection by content: the first bytes of an object decide, never its name.
 
 Gzip is undone before looking. The name is only a tie-breaker for a JSON object that
-could be a config (``config.json``).
+could be a config (``config.json``). Python's JSON parser recurses once per level of
+nesting, so a line nested deeper than the recursion limit is looked at only down to its
+top level: detection never fails on what an object holds.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ _PROM_LINE = re.compile(
 
 FORMATS = ("connector_trace", "vllm_log", "prometheus", "model_config", "unknown")
 
+# One JSON token: a string, a structural character, or a bare scalar (number, true, null).
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]|[^\s"\[\]{},:]+')
+
 
 def _head(data: bytes) -> bytes:
     if data[:2] == b"\x1f\x8b":
@@ -47,17 +52,67 @@ def _head(data: bytes) -> bytes:
     return data
 
 
+def _top_level(line: bytes) -> bytes:
+    """``line`` with every value nested below its top level replaced by null.
+
+    Read token by token, without recursion, so any depth is fine. A record's ``v`` and
+    ``type`` sit at the top level: what is below them cannot make a line a record or not.
+    """
+    out: list[bytes] = []
+    depth = 0
+    for token in _JSON_TOKEN.findall(line):
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth == 1:
+                out.append(token)  # the top level opens
+            elif depth == 2:
+                out.append(b"null")  # a nested value: null stands in for all of it
+        elif token in (b"]", b"}"):
+            if depth == 1:
+                out.append(token)  # the top level closes
+            depth -= 1
+        elif depth <= 1:
+            out.append(token)
+    return b" ".join(out)
+
+
+def _too_deep(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except RecursionError:
+        return True
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return False
+
+
+def _looks_like_trace(text: bytes) -> bool:
+    """looks_like_trace, for lines of any depth."""
+    try:
+        return looks_like_trace(text)
+    except RecursionError:
+        # some line is nested too deep for the parser: that line is judged by its top level
+        lines = [_top_level(line) if _too_deep(line) else line for line in text.splitlines()]
+        return looks_like_trace(b"\n".join(lines))
+
+
+def _json_object(text: bytes) -> dict | None:
+    """``text`` parsed, when it is a JSON object Python's parser can read."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def detect_format(head: bytes, name: str = "") -> str:
     """One of FORMATS for an object whose first bytes are ``head``."""
     text = _head(head)
-    if looks_like_trace(text):
+    if _looks_like_trace(text):
         return "connector_trace"
     stripped = text.lstrip()
     if stripped.startswith(b"{"):
-        try:
-            obj = json.loads(stripped)
-        except (ValueError, UnicodeDecodeError):
-            obj = None
+        obj = _json_object(stripped)
         if isinstance(obj, dict) and ("architectures" in obj or "model_type" in obj):
             return "model_config"
         if obj is None and (b'"architectures"' in stripped or b'"model_type"' in stripped):

@@ -409,9 +409,7 @@ class _Ingest:
         if self.pending is not None:
             pending, self.pending = self.pending, None
             try:
-                # the commit's own rejects are added here, on the reading thread, which is
-                # the only one that counts rejects: no update is lost between the threads
-                self.summary.rejects += pending.result()
+                pending.result()
             except HybridtraceError:
                 raise
             except Exception as exc:
@@ -803,20 +801,21 @@ class _ObjectReader:
             self._config_bytes = getattr(self, "_config_bytes", b"") + lines.block + b"\n"
         if not final:
             return
-        try:
-            config = json.loads(getattr(self, "_config_bytes", b""))
-        except (ValueError, UnicodeDecodeError) as exc:
-            row["_config_error"] = str(exc)
+        config, text, why = _read_config(getattr(self, "_config_bytes", b""))
+        if config is None:
+            # an object that cannot be read: its row says why, and the run exits 2 (docs/ingest.md)
+            reject = {"line_number": 0, "reason": f"config.json unreadable: {why}", "raw": ""}
+            self._reject(row, [reject])
+            self.job.error(row, why)
             return
         name = config.get("_name_or_path") or (
             self.obj.folder if self.obj.name == "config.json" else self.obj.stem
         )
-        arch = (config.get("architectures") or [config.get("model_type")])[0]
         table = pa.table(
             {
                 "model": [str(name)],
-                "architecture": [arch],
-                "config": [json.dumps(config)],
+                "architecture": [_architecture(config)],
+                "config": [text],
                 "ingested_at": [time.time()],
                 "source_id": [row["source_id"]],
                 "line_number": [1],
@@ -825,9 +824,36 @@ class _ObjectReader:
         self._add(row, "models", table)
 
 
+def _read_config(data: bytes) -> tuple[dict | None, str, str]:
+    """(config, its JSON text, "") from a config.json's bytes, or (None, "", why not)."""
+    try:
+        config = json.loads(data)
+        text = json.dumps(config)
+    except RecursionError:
+        # Python's parser recurses per level: a config nested this deep is no model config
+        return None, "", "nested too deeply to parse"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, "", str(exc)
+    if not isinstance(config, dict):
+        return None, "", "not a JSON object"
+    return config, text, ""
+
+
+def _architecture(config: dict) -> str | None:
+    """The config's first architecture (or its model_type), when it is text."""
+    listed = config.get("architectures")
+    first = listed[0] if isinstance(listed, list) and listed else config.get("model_type")
+    return first if isinstance(first, str) else None
+
+
 def _is_json(data: bytes) -> bool:
+    """Whether ``data`` parses as JSON: whether a trace's last record is whole."""
     try:
         json.loads(data)
+    except RecursionError:
+        # nested deeper than Python's parser goes: whole or not, no check here can tell, so
+        # it is read as it is and the trace parser says what is wrong with it
+        return True
     except (ValueError, UnicodeDecodeError):
         return False
     return True
@@ -1019,21 +1045,11 @@ def _previous_reads(store: Store) -> dict[str, dict]:
     return latest
 
 
-def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> int:
-    """Dedupe and write one batch (on the writer thread); returns the rejects it added."""
-    config_rejects = 0
+def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> None:
+    """Dedupe and write one batch (on the writer thread)."""
     tables: dict[str, pa.Table] = {}
     duplicates_by_source: dict[str, int] = {}
     lost_rows: dict[tuple[str, str], int] = {}  # (source, table) → rows dropped as duplicates
-    for row in batch.sources:
-        error = row.pop("_config_error", None)
-        if error:
-            reject = {"line_number": 0, "reason": f"config.json unreadable: {error}", "raw": ""}
-            batch.add(
-                "rejects", _reject_rows([reject], row["source_id"], row["uri"], "model_config", time.time())
-            )
-            row.update(status="error", message=error, rejects=row["rejects"] + 1)
-            config_rejects += 1
     for name, parts in batch.tables.items():
         data = concat(parts, table_schema(name))
         if name in DEDUPED and data.num_rows:
@@ -1061,4 +1077,3 @@ def _commit(store: Store, batch: _Batch, summary: IngestSummary) -> int:
             row["rows"] = json.dumps(counts)
     sources = pa.Table.from_pylist(batch.sources, schema=table_schema("sources").arrow_schema())
     store.write_batch(batch.id, tables, sources)
-    return config_rejects

@@ -7,11 +7,12 @@ NDJSON reader against a fixed schema and checked in bulk. A chunk that fails any
 goes through DuckDB line by line-in-bulk: every line is decoded and parsed once, and the
 bad ones are diagnosed. A record is rejected (never dropped) when its bytes are not
 UTF-8, it is not a JSON object, its ``type``/``v`` is unknown, a required field is
-missing, a field has the wrong type, an enum has another value, or a value is out of its
-range (a TP size below 1, a rank outside its TP, a time that is not epoch seconds, a
-count below zero). Unknown extra fields are ignored; an id given as a number is read as
-its text. ``release`` and ``dropped`` records become ``log_events`` rows, as the log
-lines they stand for do. Both paths give the same rows.
+missing, a field has the wrong type, a number is not finite (NaN, Infinity, 1e999), an
+enum has another value, or a value is out of its range (a TP size below 1, a rank
+outside its TP, a time that is not epoch seconds, a count below zero). Unknown extra
+fields are ignored; an id given as a number is read as its text. ``release`` and
+``dropped`` records become ``log_events`` rows, as the log lines they stand for do. Both
+paths give the same rows.
 """
 
 from __future__ import annotations
@@ -143,6 +144,10 @@ def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> d
     # The reader turns an object, a list or a boolean into text for a string field: a wrong
     # type. A text that reads like one goes to the careful path, which tells them apart.
     for name, dtype in _SCHEMA.items():
+        if dtype == pl.Float64:
+            # polars refuses NaN, Infinity and 1e999 today, so this never fails; should a later
+            # reader take them, they still go to the careful path, which rejects them
+            checks.append(pl.col(name).is_finite().fill_null(True))
         if dtype == pl.String:
             text = pl.col(name).str
             boolean = pl.col(name).is_in(["true", "false"])
@@ -387,6 +392,9 @@ def _reason(rtype: RecordType) -> str:
         checks.append(
             f"WHEN j.{f.name} IS NOT NULL AND v_{f.name} IS NULL THEN 'wrong type for {f.name} (want {want})'"
         )
+        if f.type == "float64":  # NaN, Infinity and 1e999 read as numbers that measure nothing
+            reason = f"'{f.name} is not a finite number: ' || v_{f.name}"
+            checks.append(f"WHEN NOT isfinite(v_{f.name}) THEN {reason}")
     for f in rtype.enums:
         listing = ", ".join(f"'{v}'" for v in f.enum or ())
         checks.append(f"WHEN v_{f.name} NOT IN ({listing}) THEN 'unknown {f.name} ' || v_{f.name}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -96,6 +97,7 @@ _KV_KEYS = {
     "Num failed transfers": ("failed_transfers", 1.0),
     "Num KV expired reqs": ("expired_requests", 1.0),
 }
+_KV_COUNTS = ("transfers", "failed_transfers", "expired_requests")
 _ENGINE_ID = re.compile(r"Initializing NIXL (?:worker|Scheduler) (\S+)")
 _EXPIRED = re.compile(
     r"Releasing expired KV blocks for request (\S+) which were retrieved by (\d+) (decode|remote) worker\(s\)"
@@ -150,6 +152,7 @@ _RECOGNISED = tuple(
         (r"Releasing expired KV blocks for request ", "KV expiry"),
         (r"NIXL transfer failure: ", "NIXL transfer failure"),
         (r"Failing \S+ request\(s\) due to KV load failure", "KV load failure"),
+        (r"Recovered from KV load failure: ", "KV load recovery"),
     )
 )
 # The local TP size a decode worker states: the transfer plan (any variant, such as
@@ -240,7 +243,9 @@ def _events_frame(
     ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)").fill_null(
         prefixes.str.extract(r"\(VllmWorker rank=(\d+) pid=\d+\)")
     )
-    top_rank = ranks.cast(pl.Int64).max() if ranks.len() else None
+    # a rank too large for a TP size (int32) is no rank
+    ranks = ranks.cast(pl.Int32, strict=False).filter(ranks.cast(pl.Int32, strict=False) < _INT32_MAX)
+    top_rank = ranks.max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
     frame = frame.with_columns(has_header.alias("has_header"))
     headerless = pl.when(~pl.col("has_header")).then(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
@@ -447,30 +452,35 @@ def _with_ts(ctx: LogContext, events: pl.DataFrame, result: LogResult) -> pl.Dat
     return out
 
 
+# The bulk patterns take only numbers that surely fit their columns (ASCII digits, at most
+# 18 of an integer, 20 on each side of a decimal point): any other line goes one by one,
+# where a number that is none, or too large, is a reject with the line's name.
+_INT = r"[0-9]{1,18}"
+_DEC = r"[0-9]{1,20}(?:\.[0-9]{1,20})?"
 _KV_LINE = (
-    r"^KV Transfer metrics: Num successful transfers=(?P<transfers>\d+), "
-    r"Avg xfer time \(ms\)=(?P<axf>[\d.]+), "
-    r"P90 xfer time \(ms\)=(?P<pxf>[\d.]+), Avg post time \(ms\)=(?P<apo>[\d.]+), "
-    r"P90 post time \(ms\)=(?P<ppo>[\d.]+), Avg MB per transfer=(?P<mib>[\d.]+), "
-    r"Throughput \(MB/s\)=(?P<tput>[\d.]+), Avg number of descriptors=(?P<desc>[\d.]+)$"
+    rf"^KV Transfer metrics: Num successful transfers=(?P<transfers>{_INT}), "
+    rf"Avg xfer time \(ms\)=(?P<axf>{_DEC}), "
+    rf"P90 xfer time \(ms\)=(?P<pxf>{_DEC}), Avg post time \(ms\)=(?P<apo>{_DEC}), "
+    rf"P90 post time \(ms\)=(?P<ppo>{_DEC}), Avg MB per transfer=(?P<mib>{_DEC}), "
+    rf"Throughput \(MB/s\)=(?P<tput>{_DEC}), Avg number of descriptors=(?P<desc>{_DEC})$"
 )
 _STATS_LINE = (
-    r"^Engine (?P<engine>\d+): Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, "
-    r"Avg generation throughput: (?P<gen>[\d.]+) tokens/s, Running: (?P<running>\d+) reqs, "
-    r"Waiting: (?P<waiting>\d+) reqs, GPU KV cache usage: (?P<usage>[\d.]+)%, "
-    r"Prefix cache hit rate: (?P<hit>[\d.]+)%(?:, External prefix cache hit rate: (?P<ext>[\d.]+)%)?$"
+    rf"^Engine (?P<engine>{_INT}): Avg prompt throughput: (?P<prompt>{_DEC}) tokens/s, "
+    rf"Avg generation throughput: (?P<gen>{_DEC}) tokens/s, Running: (?P<running>{_INT}) reqs, "
+    rf"Waiting: (?P<waiting>{_INT}) reqs, GPU KV cache usage: (?P<usage>{_DEC})%, "
+    rf"Prefix cache hit rate: (?P<hit>{_DEC})%(?:, External prefix cache hit rate: (?P<ext>{_DEC})%)?$"
 )
 _EXPIRED_LINE = (
-    r"^Releasing expired KV blocks for request (?P<request>\S+) which were retrieved by (?P<workers>\d+) "
-    r"(?:decode|remote) worker\(s\)(?: within (?P<timeout>\d+) seconds| before lease expired)\.?$"
+    rf"^Releasing expired KV blocks for request (?P<request>\S+) which were retrieved by (?P<workers>{_INT}) "
+    rf"(?:decode|remote) worker\(s\)(?: within (?P<timeout>{_INT}) seconds| before lease expired)\.?$"
 )
 _RANK_EXPR = r"_TP(\d+)"
 
 
 def _event_base(frame: pl.DataFrame, kind: str) -> list[pl.Expr]:
-    rank = pl.coalesce(
-        pl.col("process").str.extract(_RANK_EXPR).cast(pl.Int32),
-        pl.col("process").str.extract(r"rank=(\d+)").cast(pl.Int32),
+    rank = pl.coalesce(  # a number too large for a rank is none (the process name stays)
+        pl.col("process").str.extract(_RANK_EXPR).cast(pl.Int32, strict=False),
+        pl.col("process").str.extract(r"rank=(\d+)").cast(pl.Int32, strict=False),
     )
     return [
         pl.col("ts"),
@@ -573,11 +583,55 @@ def _rank(process: str | None) -> int | None:
     match = _RANK.search(process)
     if not match:
         return None
-    return int(match.group(1) or match.group(2))
+    return _int(match.group(1) or match.group(2), _INT32_MAX)
 
 
-def _number(text: str) -> float:
-    return float(text.replace(",", ""))
+_INT32_MAX, _INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+def _int(text: str | None, high: int = _INT64_MAX) -> int | None:
+    """A whole number of a log line (thousands separators allowed) that its column can hold
+    (0 to ``high``), else None: the caller rejects the line."""
+    if text is None or not text.isascii():  # int() would take other scripts' digits too
+        return None
+    try:
+        value = int(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if 0 <= value <= high else None
+
+
+def _real(text: str | None) -> float | None:
+    """A finite decimal of a log line (thousands separators allowed), else None."""
+    if text is None or not text.isascii():
+        return None
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _text(value: object) -> str | None:
+    """An id from a failure context as text: a dict's repr may hold anything there."""
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _jsonable(value: object) -> object:
+    """A parsed literal as JSON can hold it: text keys, finite numbers, lists for tuples and
+    sets (a context may hold any literal; literal_eval bounds its depth)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return [_jsonable(v) for v in items]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)  # bytes, complex numbers, Ellipsis
 
 
 def lines_frame(first_line: int, lines: pl.Series) -> pl.DataFrame:
@@ -620,7 +674,7 @@ def _engine_indices(ctx: LogContext, events: pl.DataFrame) -> dict[int, int | No
     """
     if events.height == 0:
         return {}
-    index = pl.col("message").str.extract(r"^Engine (\d+):").cast(pl.Int64)
+    index = pl.col("message").str.extract(r"^Engine (\d+):").cast(pl.Int64, strict=False)
     aggregated = pl.col("message").str.contains(r"^\d+ Engines Aggregated:")
     marks = events.select(
         "line_number",
@@ -666,9 +720,16 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
             {"line_number": event["line_number"], "reason": reason, "raw": event["first_text"][:RAW_LIMIT]}
         )
 
+    def unparsed(what: str) -> None:
+        reject(f"{what} line whose fields do not parse")
+
     engine = result.engine
     if match := _TOPOLOGY.search(message):
-        ctx.logged_tp = engine["tp_size"] = int(match.group(1) or match.group(2))
+        tp = _int(match.group(1) or match.group(2), _INT32_MAX)
+        if not tp:  # a TP size is at least 1
+            unparsed("transfer plan")
+            return
+        ctx.logged_tp = engine["tp_size"] = tp
         engine.setdefault("ts", ts)
         return
     if match := _ENGINE_ID.search(message):
@@ -701,33 +762,47 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         if stats is None:
             reject("Engine throughput line whose fields do not parse")
             return
-        stats["engine_index"] = int(match.group(1)) if match.group(1) else None
+        stats["engine_index"] = _int(match.group(1)) if match.group(1) else None
+        if match.group(1) and stats["engine_index"] is None:
+            reject("Engine throughput line whose fields do not parse")
+            return
         emit("engine_stats", details=stats)
         return
-    for pattern, key, convert in (
-        (_BLOCK, "block_tokens", int),
-        (_PADDING, "mamba_padding_pct", float),
-        (_PAD_LAYERS, "padding_layers", int),
-        (_LAYOUT, "kv_layout", str),
+    for pattern, key, convert, what in (
+        (_BLOCK, "block_tokens", _int, "attention block size"),
+        (_PADDING, "mamba_padding_pct", _real, "Mamba page padding"),
+        (_PAD_LAYERS, "padding_layers", _int, "padding layers"),
+        (_LAYOUT, "kv_layout", str, "KV cache layout"),
     ):
         if match := pattern.search(message):
-            engine[key] = convert(match.group(1))
+            value = convert(match.group(1))
+            if value is None:
+                unparsed(what)
+                return
+            engine[key] = value
             engine.setdefault("ts", ts)
             if event["level"] in ("WARNING", "ERROR", "CRITICAL") and key != "padding_layers":
                 emit(event["level"].lower())
             return
-    matched_size = False
-    if match := _KV_SIZE.search(message):
-        engine["kv_cache_tokens"] = int(_number(match.group(1)))
-        matched_size = True
-    if match := _CONCURRENCY.search(message):
-        engine["max_concurrency"] = _number(match.group(2))
-        matched_size = True
-    if matched_size:
+    size, concurrency = _KV_SIZE.search(message), _CONCURRENCY.search(message)
+    if size or concurrency:
+        tokens = _int(size.group(1)) if size else None
+        most = _real(concurrency.group(2)) if concurrency else None
+        if (size and tokens is None) or (concurrency and most is None):
+            unparsed("KV cache size" if size and tokens is None else "maximum concurrency")
+            return
+        if size:
+            engine["kv_cache_tokens"] = tokens
+        if concurrency:
+            engine["max_concurrency"] = most
         engine.setdefault("ts", ts)
         return
     if match := _SSM_REG.search(message):
-        engine["conv_state_bytes"], engine["ssm_state_bytes"] = int(match.group(1)), int(match.group(2))
+        conv, ssm = _int(match.group(1)), _int(match.group(2))
+        if conv is None or ssm is None:
+            unparsed("Hybrid SSM registration")
+            return
+        engine["conv_state_bytes"], engine["ssm_state_bytes"] = conv, ssm
         engine.setdefault("ts", ts)
         return
     if match := _REGISTER.search(message):
@@ -740,9 +815,13 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         return
     if match := _EXPIRED.search(message):
         era = "abort_timeout" if match.group(4) else "lease"
-        details = {"workers_read": int(match.group(2)), "era": era}
+        workers, timeout = _int(match.group(2)), _int(match.group(4))
+        if workers is None or (match.group(4) and timeout is None):
+            unparsed("KV expiry")
+            return
+        details: dict = {"workers_read": workers, "era": era}
         if match.group(4):
-            details["timeout_s"] = int(match.group(4))
+            details["timeout_s"] = timeout
         emit("kv_expired", request_id=match.group(1), details=details)
         return
     if match := _UNRECOGNISED_READ.search(message):
@@ -756,30 +835,39 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         if context is None:
             reject("NIXL transfer failure whose context does not parse")
             return
+        context = _jsonable(context)  # type: ignore[assignment]
         context["failure"] = match.group(1)
         failure_type = str(context.get("failure_type") or match.group(1).split(".")[0])
         emit(
             "notification_failed" if failure_type in _NOT_A_READ else "transfer_failed",
-            request_id=context.get("request_id"),
-            remote_engine_id=context.get("remote_engine_id"),
+            request_id=_text(context.get("request_id")),
+            remote_engine_id=_text(context.get("remote_engine_id")),
             details=context,
         )
         if mismatch := _HASH_MISMATCH.search(message):
             # the handshake's traceback says why: the engines' configurations differ
             emit(
                 "handshake_mismatch",
-                remote_engine_id=context.get("remote_engine_id"),
+                remote_engine_id=_text(context.get("remote_engine_id")),
                 details={"local_hash": mismatch.group(1), "remote_hash": mismatch.group(2)},
             )
         return
     if match := _LOAD_FAILED.search(message):
         ids = re.findall(r"[\w.:\-]+", match.group(4))
-        details = {"requests": int(match.group(1)), "policy": match.group(2), "tokens": int(match.group(3))}
+        requests, tokens = _int(match.group(1)), _int(match.group(3))
+        if requests is None or tokens is None:
+            unparsed("KV load failure")
+            return
+        details = {"requests": requests, "policy": match.group(2), "tokens": tokens}
         for request_id in ids or [None]:
             emit("kv_load_failed", request_id=request_id, details=details)
         return
     if match := _LOAD_RECOVERED.search(message):
-        emit("kv_load_recovered", details={"requests": int(match.group(1)), "tokens": int(match.group(2))})
+        requests, tokens = _int(match.group(1)), _int(match.group(2))
+        if requests is None or tokens is None:
+            unparsed("KV load recovery")
+            return
+        emit("kv_load_recovered", details={"requests": requests, "tokens": tokens})
         return
     if match := _POST_SKIPPED.search(message):
         emit("kv_post_skipped", request_id=match.group(1))
@@ -799,8 +887,10 @@ def _kv_pairs(body: str) -> dict | None:
     """``k=v, k=v`` pairs of the standard line, or the dict of a MultiConnector line."""
     pairs: dict[str, str] = {}
     if re.match(r"^[\w.\-]+=\{", body):  # MultiConnector: <connector>={...}, <connector>={...}
-        # numpy 2 prints a rounded numpy scalar as np.float64(3.5)
+        # numpy 2 prints a rounded numpy scalar as np.float64(3.5); a dict's repr prints
+        # infinity and NaN as bare words, which are no literals: quoted, they read as text
         text = re.sub(r"\bnp\.\w+\(([^()]*)\)", r"\1", body)
+        text = re.sub(r"(:\s*)(-?inf|nan)(?=\s*[,}])", r"\1'\2'", text)
         connectors = _literal_dict("{" + re.sub(r"(^|, )([\w.\-]+)=\{", r"\1'\2': {", text) + "}")
         if connectors is None or not all(isinstance(v, dict) for v in connectors.values()):
             return None
@@ -816,18 +906,28 @@ def _kv_pairs(body: str) -> dict | None:
                 return None
             key, _, value = item.rpartition("=")
             pairs[key.strip()] = value.strip()
-    values: dict[str, float | int] = {}
+    values: dict[str, float | int | None] = {}
     for key, raw in pairs.items():
         if key not in _KV_KEYS:
             continue
         column, scale = _KV_KEYS[key]
-        try:
-            number = float(raw)
-        except ValueError:
+        if column in _KV_COUNTS:
+            # a count vLLM prints as an integer (numpy's as 3.0 in a MultiConnector dict)
+            number = _real(raw)
+            if number is None or not number.is_integer() or not 0 <= number <= _INT64_MAX:
+                return None
+            values[column] = int(number)
+            continue
+        number = _real(raw)
+        if number is None and column == "throughput_mib_s" and raw.strip() in ("inf", "nan"):
+            # vLLM divides the MiB by numpy's sum of the transfer times, which is 0 when NIXL
+            # timed every read at 0 µs: it prints inf (nan with no bytes). The line is real,
+            # the ratio unknown. Any other number that is not finite is no measurement.
+            values[column] = None
+            continue
+        if number is None:
             return None
-        values[column] = (
-            int(number) if column in ("transfers", "failed_transfers", "expired_requests") else number * scale
-        )
+        values[column] = number * scale
     return values
 
 
@@ -839,9 +939,12 @@ def _engine_stats(body: str) -> dict | None:
             continue
         number = re.match(r"([\d.]+)", value.strip())
         if number:
+            parsed = _real(number.group(1))
+            if parsed is None:  # "1.2.3", or too large for a double
+                return None
             name = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
             unit = "tokens_s" if "tokens/s" in value else ("pct" if value.strip().endswith("%") else "")
-            stats[f"{name}_{unit}".rstrip("_")] = float(number.group(1))
+            stats[f"{name}_{unit}".rstrip("_")] = parsed
     return stats or None
 
 

@@ -80,6 +80,9 @@ def load_config(source: str | Path) -> tuple[dict[str, Any], str]:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{path}: not a readable config.json ({exc})") from exc
+        except RecursionError:
+            # Python's parser recurses per level of nesting: no model config is this deep
+            raise ConfigError(f"{path}: not a readable config.json (nested too deeply)") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{path}: config.json must hold a JSON object")
         name = config.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)

@@ -1,0 +1,140 @@
+"""Inputs that used to hang or abort a whole ingest run.
+
+Each is now read, rejected or recorded in `sources` with the reason, and everything beside
+it is ingested: JSON nested deeper than Python's parser goes, links that loop or lead out
+of the input folder, bucket keys pyarrow cannot open, FIFOs and sockets, a last record cut
+short for good, a config.json read again or unreadable, credentials in a URI's query.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tracegen import transfer_records, write_jsonl
+
+from hybridtrace.ingest.run import ingest
+from hybridtrace.job import JobConfig, run_job
+from hybridtrace.store import Store
+
+REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") == "1"
+SCRIPT = Path(sys.executable).with_name("hybridtrace")
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hybridtrace"]
+CONFIGS = Path(__file__).resolve().parent.parent / "analyzer" / "model" / "configs"
+CONFIG = CONFIGS / "llama-3-8b-instruct.json"
+# Python's JSON parser recurses once per level: these are far past its limit.
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    # a timeout, so that an ingest that hangs fails the test instead of stalling the suite
+    environ = {k: v for k, v in os.environ.items() if k != "HYBRIDTRACE_DEBUG"} | (env or {})
+    return subprocess.run([*COMMAND, *args], cwd=cwd, capture_output=True, text=True, env=environ,
+                          timeout=120)  # fmt: skip
+
+
+def query(store: Path, sql: str) -> list[tuple]:
+    return Store(store).connect().sql(sql).fetchall()
+
+
+def count(store: Path, table: str) -> int:
+    return query(store, f"SELECT count(*) FROM {table}")[0][0]
+
+
+def manifest(store: Path) -> dict[str, tuple[str, str | None]]:
+    """Each object's latest (status, message), by the last part of its name."""
+    found = query(store, "SELECT uri, status, message FROM sources ORDER BY ingested_at")
+    return {uri.rsplit("/", 1)[-1]: (status, message) for uri, status, message in found}
+
+
+def trace(path: Path, requests: int = 3, seed: int = 0) -> None:
+    """A decode engine's trace at TP 2: two transfers and one request record per request."""
+    write_jsonl(path, transfer_records(requests, seed=seed))
+
+
+def quiet(*paths: Path) -> None:
+    """Make files look untouched for an hour: they can no longer grow."""
+    stamp = time.time() - 3600
+    for path in paths:
+        os.utime(path, (stamp, stamp))
+
+
+def trace_lines(requests: int = 3, seed: int = 0) -> list[str]:
+    return [json.dumps(r) for r in transfer_records(requests, seed=seed)]
+
+
+# --- 1. JSON nested deeper than the parser goes -------------------------------------------
+
+
+def test_a_file_of_100000_nested_brackets_is_unrecognised_and_the_rest_is_read(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "nest.json").write_text("[" * 100_000 + "]" * 100_000)
+    trace(tmp_path / "in" / "decode-0" / "trace.jsonl")
+    done = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert manifest(tmp_path / "st")["nest.json"] == ("unrecognised", None)
+    assert count(tmp_path / "st", "transfers") == 6
+
+
+def test_a_trace_whose_first_record_nests_10000_deep_is_read_as_a_trace(tmp_path):
+    lines = trace_lines()
+    first = json.loads(lines[0])
+    deep = json.dumps(first)[:-1] + f', "extra": {DEEP}}}'  # an unknown extra field: ignored
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "trace.jsonl").write_text("\n".join([deep, *lines[1:]]) + "\n")
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "st")
+    ingest([tmp_path / "clean"], tmp_path / "clean-st")
+    assert summary.by_format == {"connector_trace": 1} and summary.rejects == 0
+    transfers = "SELECT request_id, rank, transported_bytes, line_number FROM transfers ORDER BY ALL"
+    assert query(tmp_path / "st", transfers) == query(tmp_path / "clean-st", transfers)
+    assert count(tmp_path / "st", "transfers") == 6
+
+
+def test_a_config_json_nested_10000_deep_is_an_error_row_and_the_run_exits_2(tmp_path):
+    config = json.loads(CONFIG.read_text())
+    (tmp_path / "in" / "model").mkdir(parents=True)
+    (tmp_path / "in" / "model" / "config.json").write_text(json.dumps(config)[:-1] + f', "x": {DEEP}}}')
+    trace(tmp_path / "in" / "decode-0" / "trace.jsonl")
+    done = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "config.json: nested too deeply to parse" in done.stderr
+    assert manifest(tmp_path / "st")["config.json"] == ("error", "nested too deeply to parse")
+    assert count(tmp_path / "st", "transfers") == 6 and count(tmp_path / "st", "models") == 0
+
+
+def test_a_model_option_naming_a_config_nested_10000_deep_is_refused_in_one_line(tmp_path):
+    (tmp_path / "deep.json").write_text(f'{{"architectures": ["LlamaForCausalLM"], "x": {DEEP}}}')
+    trace(tmp_path / "in" / "trace.jsonl")
+    for args in (("ingest", "in", "--store", "st", "--model", "deep.json"), ("model", "deep.json")):
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "not a readable config.json (nested too deeply)" in done.stderr
+
+
+# --- 10. the exit code for a config.json that cannot be read ----------------------------------
+
+
+def test_a_broken_config_json_makes_ingest_exit_2(tmp_path):
+    (tmp_path / "in" / "model").mkdir(parents=True)
+    (tmp_path / "in" / "model" / "config.json").write_text('{"architectures": ["X"], ')
+    trace(tmp_path / "in" / "decode-0" / "trace.jsonl")
+    done = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "hybridtrace: error:" in done.stderr and "config.json" in done.stderr
+    assert manifest(tmp_path / "st")["config.json"][0] == "error"
+    assert count(tmp_path / "st", "transfers") == 6
+
+
+def test_the_job_reports_a_broken_config_json_as_unreadable_input(tmp_path):
+    (tmp_path / "in" / "model").mkdir(parents=True)
+    (tmp_path / "in" / "model" / "config.json").write_text('{"architectures": ["X"], ')
+    trace(tmp_path / "in" / "decode-0" / "trace.jsonl")
+    code, summary = run_job(JobConfig(paths=[str(tmp_path / "in")], store=str(tmp_path / "st")))
+    assert code == 2 and summary["status"] == "unreadable input" and summary["unreadable"] == 1
+    assert "config.json" in summary["message"] and summary["findings"] is not None
