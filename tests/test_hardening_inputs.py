@@ -117,6 +117,44 @@ def test_a_model_option_naming_a_config_nested_10000_deep_is_refused_in_one_line
         assert "not a readable config.json (nested too deeply)" in done.stderr
 
 
+# --- 6. a config.json read again -----------------------------------------------------------
+
+
+def test_a_touched_config_json_adds_no_second_models_row(tmp_path):
+    config = tmp_path / "in" / "llama" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(CONFIG.read_text())
+    ingest([tmp_path / "in"], tmp_path / "st")
+    for step in (1, 2):
+        os.utime(config, (time.time() + step, time.time() + step))  # touched: read again
+        ingest([tmp_path / "in"], tmp_path / "st")
+    assert count(tmp_path / "st", "models") == 1
+    reads = query(tmp_path / "st", "SELECT rows, duplicates FROM sources ORDER BY ingested_at")
+    assert reads == [('{"models": 1}', 0), ('{"models": 0}', 1), ('{"models": 0}', 1)]
+
+
+def test_a_changed_config_json_adds_its_new_content(tmp_path):
+    # the twin: new content at the same place is a new row, and the newest is the one used
+    config = tmp_path / "in" / "llama" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(CONFIG.read_text())
+    ingest([tmp_path / "in"], tmp_path / "st")
+    changed = {**json.loads(CONFIG.read_text()), "num_hidden_layers": 16}
+    config.write_text(json.dumps(changed))
+    os.utime(config, (time.time() + 5, time.time() + 5))
+    ingest([tmp_path / "in"], tmp_path / "st")
+    assert count(tmp_path / "st", "models") == 2
+
+
+def test_a_copy_of_a_config_json_in_a_second_folder_keeps_its_own_row(tmp_path):
+    # as documented: one row per config.json found in the input
+    for folder in ("a", "b"):
+        (tmp_path / "in" / folder).mkdir(parents=True)
+        (tmp_path / "in" / folder / "config.json").write_text(CONFIG.read_text())
+    ingest([tmp_path / "in"], tmp_path / "st")
+    assert count(tmp_path / "st", "models") == 2
+
+
 # --- 10. the exit code for a config.json that cannot be read ----------------------------------
 
 

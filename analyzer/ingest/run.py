@@ -429,9 +429,11 @@ class _Ingest:
         row = self._source_row(uri, len(text), time.time(), "", 0, 1, "model_config")
         row.update(end_offset=len(text), rows=json.dumps({"models": 1}))
         self.batch.sources.append(row)
+        # its origin is this run's choice: choosing a config again makes it the latest choice
         table = pa.table({"model": [name], "architecture": [(config.get("architectures") or [None])[0]],
-                          "config": [text], "applies_to": ["*"], "ingested_at": [time.time()],
-                          "source_id": [row["source_id"]], "line_number": [1]})  # fmt: skip
+                          "config": [text], "applies_to": ["*"], "origin": [row["source_id"]],
+                          "ingested_at": [time.time()], "source_id": [row["source_id"]],
+                          "line_number": [1]})  # fmt: skip
         self.batch.add("models", table)
 
     def error(self, row: dict, message: str) -> None:
@@ -816,6 +818,7 @@ class _ObjectReader:
                 "model": [str(name)],
                 "architecture": [_architecture(config)],
                 "config": [text],
+                "origin": [self.uri],  # the same object read again is a duplicate, not a second row
                 "ingested_at": [time.time()],
                 "source_id": [row["source_id"]],
                 "line_number": [1],
