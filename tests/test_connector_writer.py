@@ -69,15 +69,16 @@ def test_a_fact_not_seen_is_left_out_not_guessed():
 
 
 def test_group_split_is_exact_only_when_it_adds_up():
-    groups = [(0, "mamba", 1), (1, "attention", 1)]
-    split, exact = records.group_split([100, 100, 50, 50], [1, 1, 0, 0], [3, 4, 9, 9], groups, 300)
+    groups = [(0, "mamba", 1), (1, "attention", 2)]
+    split, exact = records.group_split({1: (3, 200, 2), 0: (1, 100, 2)}, 0, groups, 300)
     assert exact
     assert split == [
         {"group": 0, "kind": "mamba", "blocks": 1, "bytes": 100, "descriptors": 2},
+        # 3 kernel blocks at 2 per logical block: 2 logical blocks
         {"group": 1, "kind": "attention", "blocks": 2, "bytes": 200, "descriptors": 2},
     ]
-    assert not records.group_split([100, 100], [1, -1], [3, 4], groups, 200)[1]  # a descriptor unplaced
-    assert not records.group_split([100, 100], [1, 1], [3, 4], groups, 300)[1]  # NIXL counted more
+    assert not records.group_split({1: (2, 200, 2)}, 1, groups, 200)[1]  # a descriptor unplaced
+    assert not records.group_split({1: (2, 200, 2)}, 0, groups, 300)[1]  # NIXL counted more
 
 
 def test_records_are_built_and_written_off_the_callers_thread(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 V = 1
 
@@ -59,43 +59,27 @@ def engine_record(
 
 
 def group_split(
-    lengths: Sequence[int],
-    desc_group: Sequence[int],
-    desc_block: Sequence[int],
+    per_group: dict[int, tuple[int, int, int]],
+    unplaced: int,
     groups: Iterable[tuple[int, str, int]],
     total_bytes: int | None,
 ) -> tuple[list[dict], bool]:
     """A read's blocks, bytes and descriptors per KV-cache group.
 
-    ``lengths``, ``desc_group`` and ``desc_block`` hold, per descriptor the read posted,
-    its length, its group (-1 when it could not be placed) and its block id;
-    ``groups`` lists (group, kind, physical blocks per logical block). The split is exact
-    when every descriptor was placed and the bytes add up to what NIXL reported.
+    ``per_group`` maps a group to (distinct physical blocks, bytes, descriptors) of the
+    descriptors the read posted in it; ``unplaced`` counts those no group of the request
+    holds; ``groups`` lists (group, kind, physical blocks per logical block). The split is
+    exact when every descriptor was placed and the bytes add up to what NIXL reported.
     """
-    bytes_by: dict[int, int] = {}
-    descs_by: dict[int, int] = {}
-    blocks_by: dict[int, set[int]] = {}
-    unplaced = 0
-    for length, group, block in zip(lengths, desc_group, desc_block, strict=True):
-        if group < 0:
-            unplaced += 1
-            continue
-        bytes_by[group] = bytes_by.get(group, 0) + int(length)
-        descs_by[group] = descs_by.get(group, 0) + 1
-        blocks_by.setdefault(group, set()).add(int(block))
     out = []
     for group, kind, per_logical in groups:
-        if group not in bytes_by:
+        if group not in per_group:
             continue
-        physical = len(blocks_by[group])
-        out.append({
-            "group": group,
-            "kind": kind,
-            "blocks": -(-physical // max(per_logical, 1)),
-            "bytes": bytes_by[group],
-            "descriptors": descs_by[group],
-        })
-    exact = unplaced == 0 and total_bytes is not None and sum(bytes_by.values()) == total_bytes
+        physical, nbytes, descriptors = per_group[group]
+        out.append({"group": group, "kind": kind, "blocks": -(-physical // max(per_logical, 1)),
+                    "bytes": nbytes, "descriptors": descriptors})
+    exact = (unplaced == 0 and total_bytes is not None
+             and sum(nbytes for _, nbytes, _ in per_group.values()) == total_bytes)
     return out, exact
 
 

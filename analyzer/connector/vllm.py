@@ -25,7 +25,9 @@ alone show.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import re
 import time
 from typing import Any
@@ -321,20 +323,36 @@ class _WorkerTrace(_Trace):
         import numpy as np
 
         ids = np.asarray(read.indices, dtype=np.int64)
-        offsets = np.cumsum([0, *regions])
-        attention_descs = int(offsets[-1])
-        is_attention = ids < attention_descs
-        region = np.searchsorted(offsets, ids, side="right") - 1
-        block = np.where(is_attention, ids - offsets[np.minimum(region, len(regions) - 1)],
-                         (ids - attention_descs) % max(logical_blocks, 1))
-        group = np.full(len(ids), -1, dtype=np.int64)
-        for position, blocks in enumerate(local_blocks):
-            if not len(blocks) or position >= len(self.groups):
+        offsets = [0, *itertools.accumulate(regions)]
+        attention_descs = offsets[-1]
+        # which group holds each descriptor's block: attention and Mamba descriptors are
+        # looked up among their own kind's groups (a block id names a page of either)
+        owner = {}
+        for (gid, kind, _), blocks in zip(self.groups, local_blocks, strict=False):
+            state = kind == "mamba"
+            for block in blocks:
+                owner[state, block] = gid
+        per_group: dict[int, list] = {}
+        unplaced = 0
+        # one pass in Python: reads post tens to thousands of descriptors, where numpy's
+        # per-call cost is more than the work
+        for desc, length in zip(ids.tolist(), lengths[ids].tolist(), strict=True):
+            if desc < attention_descs:
+                key = (False, desc - offsets[bisect.bisect_right(offsets, desc) - 1])
+            else:
+                key = (True, (desc - attention_descs) % max(logical_blocks, 1))
+            gid = owner.get(key)
+            if gid is None:
+                unplaced += 1
                 continue
-            gid, kind, _ = self.groups[position]
-            mine = np.isin(block, np.asarray(blocks, dtype=np.int64)) & (is_attention != (kind == "mamba"))
-            group[mine & (group < 0)] = gid
-        return records.group_split(lengths[ids], group, block, self.groups, total)
+            entry = per_group.get(gid)
+            if entry is None:
+                entry = per_group[gid] = [set(), 0, 0]
+            entry[0].add(key[1])
+            entry[1] += length
+            entry[2] += 1
+        summary = {gid: (len(blocks), nbytes, count) for gid, (blocks, nbytes, count) in per_group.items()}
+        return records.group_split(summary, unplaced, self.groups, total)
 
 
 def _release(ts: float, engine_id: str, rank: int, request_id: str) -> dict:
