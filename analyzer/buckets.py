@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -31,6 +32,12 @@ from hybridtrace.errors import UsageError
 
 SCHEMES = ("s3", "gs", "gcs")
 _SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+# Query parameters that carry a credential (pyarrow's from_uri takes the first three), compared
+# lower-case without separators, so Secret-Key and secretKey are caught as well.
+_SECRET_PARAMETERS = frozenset({
+    "accesskey", "secretkey", "sessiontoken", "awsaccesskeyid", "awssecretaccesskey", "awssessiontoken",
+    "xamzcredential", "xamzsecuritytoken", "xamzsignature",
+})  # fmt: skip
 
 
 def is_bucket(location: str | Path) -> bool:
@@ -89,17 +96,32 @@ def _gcs_filesystem() -> pafs.GcsFileSystem:
     return pafs.GcsFileSystem(**options)
 
 
+def refuse_credentials(uri: str) -> None:
+    """Raise a UsageError, without repeating the URI, when ``uri`` carries a credential:
+    ``key:secret@`` before the bucket, or ``access_key=``, ``secret_key=``, ``session_token=``
+    (any case) in its query."""
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if "@" in parts.netloc:
+        # never echo it: the part before @ is a secret
+        raise UsageError(
+            f"{scheme}:// URIs with credentials in them are refused; use the standard credential chain"
+        )
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    names = {re.sub(r"[^a-z0-9]", "", name.lower()) for name, _ in query}
+    if names & _SECRET_PARAMETERS:
+        raise UsageError(
+            f"{scheme}:// URIs with credentials in their query are refused; use the standard credential chain"
+        )
+
+
 def bucket(uri: str) -> Bucket:
     """The bucket location of ``s3://bucket/prefix`` or ``gs://bucket/prefix``."""
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise UsageError(f"{uri}: not a bucket URI (s3://… or gs://…)")
-    if "@" in parts.netloc:
-        # never echo it: the part before @ is a secret
-        raise UsageError(
-            f"{scheme}:// URIs with credentials in them are refused; use the standard credential chain"
-        )
+    refuse_credentials(uri)
     if not parts.netloc:
         raise UsageError(f"{uri}: no bucket name")
     scheme = "gs" if scheme == "gcs" else scheme

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tracegen import transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
@@ -176,3 +177,34 @@ def test_the_job_reports_a_broken_config_json_as_unreadable_input(tmp_path):
     code, summary = run_job(JobConfig(paths=[str(tmp_path / "in")], store=str(tmp_path / "st")))
     assert code == 2 and summary["status"] == "unreadable input" and summary["unreadable"] == 1
     assert "config.json" in summary["message"] and summary["findings"] is not None
+
+
+# --- 10. credentials in a URI's query ------------------------------------------------------
+
+
+# Nothing is ever asked of a server: the refusal comes first (these addresses refuse anyway).
+NO_SERVER = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9",
+             "AWS_EC2_METADATA_DISABLED": "true", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+             "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://telemetry/prod?access_key=AKIAHYBRID0TEST",
+     "s3://telemetry/prod/?secret_key=hybridSecret0Test",
+     "gs://telemetry/prod?session_token=hybridToken0Test",
+     "s3://telemetry/prod?region=us-east-1&Secret_Key=hybridSecret0Test",
+     "s3://telemetry/prod?SESSION-TOKEN=hybridToken0Test"],
+)  # fmt: skip
+def test_credentials_in_a_uri_query_are_refused(tmp_path, uri):
+    secret = uri.rsplit("=", 1)[1]
+    (tmp_path / "in").mkdir()
+    trace(tmp_path / "in" / "trace.jsonl")
+    for args in (("ingest", uri, "--store", "st"), ("ingest", "in", uri, "--store", "st"),
+                 ("ingest", "in", "--store", uri)):  # fmt: skip
+        done = cli(*args, cwd=tmp_path, env=NO_SERVER)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "credentials in their query are refused" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert secret not in done.stdout + done.stderr
+    assert not (tmp_path / "st").exists()  # nothing was listed, read or written

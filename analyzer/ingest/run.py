@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact
+from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact, refuse_credentials
 from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
 from hybridtrace.store import Store, concat, dedupe, new_batch_id
@@ -106,6 +106,9 @@ def _listing(paths: Iterable[str | Path]) -> tuple[list[str], list[ObjectRef]]:
     prefixes, objects, seen = [], [], set()
     paths = list(paths)
     for raw in paths:
+        if is_bucket(str(raw)):
+            refuse_credentials(str(raw))  # before anything is listed, whatever else is named
+    for raw in paths:
         try:
             prefix, found = list_objects(raw)
         except UsageError:
@@ -114,7 +117,7 @@ def _listing(paths: Iterable[str | Path]) -> tuple[list[str], list[ObjectRef]]:
             # One input of several is missing (a folder not mounted yet): an error row for
             # it, and the others are read. It covers no prefix, so nothing read from it
             # before is taken for gone.
-            where = str(Path(str(raw)).resolve())
+            where = str(raw) if is_bucket(str(raw)) else str(Path(str(raw)).resolve())
             objects.append(ObjectRef(where, 0, 0.0, local=Path(str(raw)), error="no such file or folder"))
             continue
         prefixes.append(prefix)
