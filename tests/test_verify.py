@@ -180,8 +180,9 @@ def test_finds_exactly_the_divergent_prompts_labels_near_ties_and_joins_their_ha
     late = next(f for f in mismatches if f["evidence"]["prompt_id"] == "late")
     assert late["evidence"]["handoff_findings"] == [] and "token 5 of 16" in late["message"]
     # explain shows the finding on the handoff, by the decode-side id
-    shown = run("explain", early["request_id"], "--store", str(store), "--format", "json")
-    assert "output_mismatch" in {f["kind"] for f in json.loads(shown.stdout)["findings"]}
+    shown = json.loads(run("explain", early["request_id"], "--store", str(store), "--format", "json").stdout)
+    assert "output_mismatch" in {f["kind"] for f in shown["findings"]}
+    assert [(v["prompt_id"], v["status"]) for v in shown["verifications"]] == [("early", "mismatch")]
 
     page, _ = write_report(store, tmp_path / "report.html")
     html = page.read_text()

@@ -1,7 +1,8 @@
 """One handoff, in full: ``hybridtrace explain REQUEST_ID``.
 
 Everything the store knows about a request — its tokens, every read with its timing and
-byte counts, the bytes by cache type, the log lines that name it, and its findings —
+byte counts, the bytes by cache type, the log lines that name it, its findings, and the
+output checks it served —
 gathered from the views. The id may be the decode-side or the prefill-side one.
 """
 
@@ -125,6 +126,14 @@ def explain(
         for row in hits:
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
             findings.append(row)
+    # the output checks that this handoff served (hybridtrace verify), by their P/D answer id
+    checks = _rows(
+        con,
+        "SELECT run_id, prompt_index, prompt_id, status, first_divergence, tokens_compared, control_top_gap, "
+        "max_logprob_diff, pd_response_id, ts FROM verification_handoffs WHERE request_id = ? AND "
+        + _ON_ENGINE.format(a="") + " ORDER BY ts",
+        [decode_id, engine_id, engine_id],
+    )
     critical = max((r["xfer_s"] for r in reads if r["status"] == "ok"), default=None)
     return {
         "request": requests[0] if requests else {"request_id": request_id},
@@ -133,4 +142,5 @@ def explain(
         "bytes_by_cache_type": by_type[0] if by_type else {},
         "log_events": events,
         "findings": findings,
+        "verifications": checks,
     }
