@@ -20,12 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qsl, urlsplit
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from hybridtrace.errors import UsageError
@@ -144,6 +146,7 @@ class ObjectRef:
     filesystem: pafs.FileSystem | None = field(default=None, repr=False, compare=False)
     path: str | None = None  # bucket/key for a bucket object
     error: str | None = None  # a folder the listing could not read: the object stands for it
+    skipped: str | None = None  # why the listing will not have it opened (a link out of the input, a FIFO)
 
     @property
     def name(self) -> str:
@@ -169,7 +172,8 @@ class ObjectRef:
         try:
             # open_input_file reads by ranges on demand: far faster than a stream for our chunks
             return self.filesystem.open_input_file(self.path)  # type: ignore[union-attr, return-value]
-        except OSError as exc:
+        except (OSError, pa.ArrowInvalid) as exc:
+            # ArrowInvalid: a key pyarrow refuses to address; an unreadable object, not a crash
             raise OSError(redact(str(exc))) from None
 
     def version(self, handle: BinaryIO) -> str | None:
@@ -186,9 +190,116 @@ def _visible(name: str) -> bool:
     return not name.rsplit("/", 1)[-1].startswith(".")
 
 
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_a_file(mode: int) -> str | None:
+    """What a non-regular, non-folder entry is; None for a regular file or a folder."""
+    return next((what for test, what in _SPECIAL_FILES if test(mode)), None)
+
+
+def _file_ref(path: Path, link: bool = False) -> ObjectRef:
+    """The object for a path that is (or leads to) a file: a regular file, or one never opened.
+
+    A FIFO would block the reader until something writes to it, and a device or socket holds
+    no telemetry: they are listed as skipped, by their own name (a link's, for ``link``)."""
+    uri = str(_target(path))
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return ObjectRef(uri, 0, 0.0, local=path, error=f"cannot read: {exc.strerror or exc}")
+    what = _not_a_file(info.st_mode)
+    if what is None:
+        return ObjectRef(uri, info.st_size, info.st_mtime, local=path)
+    named = f"a link to {what} ({uri})" if link else what
+    return _skipped(path, f"{named}, not a regular file: never opened")
+
+
+def _skipped(path: Path, why: str) -> ObjectRef:
+    """A listed entry that is not read, with the reason; named by its own path (a link's, not
+    its target's), with the entry's own size and time so that a later listing sees it unchanged."""
+    try:
+        info = path.lstat()
+        size, mtime = info.st_size, info.st_mtime
+    except OSError:
+        size, mtime = 0, 0.0
+    uri = str(_target(path.parent) / path.name)
+    return ObjectRef(uri, size, mtime, local=path, skipped=why)
+
+
+def _folder_key(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None  # os.walk says why, through onerror
+    return info.st_dev, info.st_ino
+
+
+def _target(link: Path) -> Path:
+    """Where a link leads, every link on the way resolved (a loop of links leads nowhere)."""
+    return Path(os.path.realpath(link))
+
+
+def _walk(root: Path, failed: Callable[[OSError], None]) -> list[ObjectRef]:
+    """Every visible entry under ``root``, each folder walked once.
+
+    Links are not followed by os.walk: each is looked at once the folders reached without
+    links are walked, so a folder is listed under its own path where it has one. A link is
+    followed when its target lies inside ``root`` and is not a folder walked already (by
+    device and inode: a link back to its own folder, or two links to one folder, would
+    otherwise be walked without end); any other link is listed as skipped, with the reason.
+    """
+    inside = root.resolve()
+    walked: set[tuple[int, int]] = set()
+    refs: list[ObjectRef] = []
+    tops = [root]
+    while tops:
+        top, links = tops.pop(0), []
+        for folder, folders, names in os.walk(top, onerror=failed):
+            here = Path(folder)
+            key = _folder_key(here)
+            if key in walked and here != top:  # reached again (a bind mount of a folder above it)
+                folders[:] = []
+                continue
+            if key is not None:
+                walked.add(key)
+            links += [here / f for f in folders if _visible(f) and (here / f).is_symlink()]
+            folders[:] = [f for f in folders if _visible(f) and not (here / f).is_symlink()]
+            refs += [_entry(here / name, inside) for name in names if _visible(name)]
+        for link in links:
+            target = _target(link)
+            key = _folder_key(link)
+            if not target.is_relative_to(inside):
+                refs.append(_skipped(link, f"a link to {target}, outside {inside}: not followed"))
+            elif key in walked:
+                refs.append(_skipped(link, f"a link to {target}, a folder walked already: not followed"))
+            elif key is not None:
+                walked.add(key)  # a second link to the same folder is then a link to one walked
+                tops.append(link)
+    return refs
+
+
+def _entry(path: Path, inside: Path) -> ObjectRef:
+    """The object for a non-folder entry of a walked folder (a link is checked first)."""
+    if not path.is_symlink():
+        return _file_ref(path)
+    target = _target(path)
+    if not target.is_relative_to(inside):
+        return _skipped(path, f"a link to {target}, outside {inside}: not followed")
+    if not target.exists():
+        return _skipped(path, f"a link to {target}, which does not exist (or is a loop of links)")
+    return _file_ref(path, link=True)
+
+
 def list_local(path: Path) -> Iterator[ObjectRef]:
     """Every visible file under ``path``; a folder that cannot be read is an object with an
-    error (the run records it and goes on), never silently missing."""
+    error (the run records it and goes on), never silently missing. A link or a file that is
+    not read (see ``_walk``, ``_file_ref``) is an object marked skipped, with the reason."""
     unreadable: list[ObjectRef] = []
 
     def failed(exc: OSError) -> None:
@@ -197,24 +308,25 @@ def list_local(path: Path) -> Iterator[ObjectRef]:
                                     error=f"cannot list: {exc.strerror or exc}"))  # fmt: skip
 
     if path.is_dir():
-        files = []
-        for folder, folders, names in os.walk(path, onerror=failed, followlinks=True):
-            folders[:] = [f for f in folders if _visible(f)]  # a hidden folder is not walked
-            files += [f for f in (Path(folder) / name for name in names if _visible(name)) if f.is_file()]
-    elif path.is_file():
-        files = [path]
+        refs = _walk(path, failed)
+    elif path.exists():  # a file named on the command line, a link to one included
+        refs = [_file_ref(path)]
     else:
         raise UsageError(f"{path}: no such file or folder")
-    refs = []
-    for file in files:
-        try:
-            stat = file.stat()
-        except OSError as exc:
-            error = f"cannot read: {exc.strerror or exc}"
-            refs.append(ObjectRef(str(file.resolve()), 0, 0.0, local=file, error=error))
-            continue
-        refs.append(ObjectRef(str(file.resolve()), stat.st_size, stat.st_mtime, local=file))
     yield from sorted(refs + unreadable, key=lambda ref: ref.uri)
+
+
+def _unaddressable(path: str) -> str | None:
+    """Why pyarrow's filesystems cannot open the object ``bucket/key``, or None.
+
+    A key may hold any characters, but pyarrow takes it for a path: it refuses an empty
+    segment (``prod//z.log``) and resolves ``.`` and ``..``, so it asks for another key."""
+    segments = path.split("/")[1:]
+    if "" in segments:
+        return "its key has an empty path segment (//), which pyarrow cannot open: rename it to have it read"
+    if "." in segments or ".." in segments:
+        return "its key has a . or .. path segment, which pyarrow cannot open: rename it to have it read"
+    return None
 
 
 def list_bucket(location: Bucket) -> list[ObjectRef]:
@@ -230,7 +342,7 @@ def list_bucket(location: Bucket) -> list[ObjectRef]:
             infos = fs.get_file_info(pafs.FileSelector(location.path, recursive=True, allow_not_found=True))
     except UsageError:
         raise
-    except OSError as exc:
+    except (OSError, pa.ArrowInvalid) as exc:
         raise UsageError(f"{location.uri}: cannot list: {redact(str(exc))}") from exc
     if not infos:
         # an empty prefix is fine; a missing bucket is a mistake worth saying
@@ -244,13 +356,15 @@ def list_bucket(location: Bucket) -> list[ObjectRef]:
     out = []
     base = location.path.rstrip("/")
     for item in infos:
-        # hidden as on a disk: the object's name, or a "folder" of its key below the prefix
-        below = item.path[len(base) :].lstrip("/") if item.path.startswith(base) else item.path
-        if item.type != pafs.FileType.File or not all(_visible(part) for part in below.split("/")):
+        if item.type != pafs.FileType.File:
             continue
         mtime = item.mtime.timestamp() if item.mtime is not None else 0.0
-        uri = location.uri_of(item.path)
-        out.append(ObjectRef(uri, item.size or 0, mtime, filesystem=fs, path=item.path))
+        # hidden as on a disk: the object's name, or a "folder" of its key below the prefix
+        below = item.path[len(base) :].lstrip("/") if item.path.startswith(base) else item.path
+        if not all(_visible(part) for part in below.split("/") if part not in (".", "..")):
+            continue
+        ref = ObjectRef(location.uri_of(item.path), item.size or 0, mtime, filesystem=fs, path=item.path)
+        out.append(replace(ref, skipped=_unaddressable(item.path)))
     out.sort(key=lambda o: o.uri)
     return out
 

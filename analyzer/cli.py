@@ -224,7 +224,9 @@ def ingest_command(
                     "objects",
                     f"{summary.objects_seen} seen, {summary.objects_read} read, "
                     f"{summary.objects_skipped} unchanged"
-                    + (f", {summary.objects_gone} gone since the last run" if summary.objects_gone else ""),
+                    + (f", {summary.objects_gone} gone since the last run" if summary.objects_gone else "")
+                    + (f", {summary.objects_left_out} left out (see sources where status = 'skipped')"
+                       if summary.objects_left_out else ""),
                 ),
                 ("formats", formats),
                 ("rows", rows),
@@ -235,6 +237,8 @@ def ingest_command(
             + ([("unreadable", unreadable)] if summary.errors else [])
         )
     )
+    for message in summary.left_out_messages:  # said on the run that first lists them
+        typer.echo(f"hybridtrace: skipped: {message}", err=True)
     for message in summary.error_messages:
         typer.echo(f"hybridtrace: error: {message}", err=True)
     if failed:

@@ -213,6 +213,7 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
             summary["objects"] = {
                 "seen": ingested.objects_seen, "read": ingested.objects_read,
                 "unchanged": ingested.objects_skipped, "gone": ingested.objects_gone,
+                "left_out": ingested.objects_left_out,
             }  # fmt: skip
             summary["rows"] = sum(ingested.rows.values())
             summary["rejects"] = ingested.rejects

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import servers
+from loggen import decode_log
 from tracegen import transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
@@ -116,6 +120,116 @@ def test_a_model_option_naming_a_config_nested_10000_deep_is_refused_in_one_line
         done = cli(*args, cwd=tmp_path)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "not a readable config.json (nested too deeply)" in done.stderr
+
+
+# --- 2. links ----------------------------------------------------------------------------
+
+
+def test_two_links_to_their_own_folder_do_not_make_ingest_hang(tmp_path):
+    trace(tmp_path / "in" / "decode-0" / "trace.jsonl")
+    (tmp_path / "in" / "l1").symlink_to(".")
+    (tmp_path / "in" / "l2").symlink_to(".")
+    done = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = manifest(tmp_path / "st")
+    assert found["trace.jsonl"] == ("ok", None) and count(tmp_path / "st", "transfers") == 6
+    for link in ("l1", "l2"):
+        status, message = found[link]
+        assert status == "skipped" and "a folder walked already: not followed" in message
+    again = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert again.returncode == 0 and count(tmp_path / "st", "sources") == 3  # said once
+
+
+def test_a_link_out_of_the_input_folder_is_not_followed(tmp_path):
+    trace(tmp_path / "in" / "sub" / "trace.jsonl")
+    trace(tmp_path / "elsewhere" / "trace.jsonl", seed=7)  # reached only through the link
+    (tmp_path / "in" / "sub" / "up").symlink_to(Path("..") / "..")
+    summary = ingest([tmp_path / "in"], tmp_path / "st")
+    assert query(tmp_path / "st", "SELECT DISTINCT uri FROM sources WHERE status = 'ok'") == [
+        (str((tmp_path / "in" / "sub" / "trace.jsonl").resolve()),)
+    ]
+    status, message = manifest(tmp_path / "st")["up"]
+    assert status == "skipped" and f"outside {(tmp_path / 'in').resolve()}: not followed" in message
+    assert summary.objects_left_out == 1 and summary.objects_read == 1
+
+
+def test_a_link_named_on_the_command_line_is_followed(tmp_path):
+    trace(tmp_path / "data" / "decode-0" / "trace.jsonl")
+    (tmp_path / "current").symlink_to(tmp_path / "data")
+    summary = ingest([tmp_path / "current"], tmp_path / "st")
+    assert summary.objects_read == 1 and summary.errors == 0
+    assert count(tmp_path / "st", "transfers") == 6
+    assert query(tmp_path / "st", "SELECT status FROM sources") == [("ok",)]
+
+
+# --- 3. objects that cannot be opened ------------------------------------------------------
+
+
+@pytest.fixture
+def s3(monkeypatch) -> Iterator[servers.Server]:
+    if not REQUIRE:
+        pytest.importorskip("moto.server")
+    with servers.moto_s3() as server:
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        server.make_bucket("telemetry")
+        yield server
+
+
+def _put_key(server: servers.Server, key: str, data: bytes) -> None:
+    """Put an object under any key: pyarrow itself refuses to write the odd ones."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.put_object(Bucket="telemetry", Key=key, Body=data)
+
+
+def test_a_bucket_key_with_an_empty_path_segment_is_a_row_and_the_rest_is_read(tmp_path, s3):
+    s3.put("telemetry/prod/decode-0/trace.jsonl", "".join(f"{line}\n" for line in trace_lines()).encode())
+    _put_key(s3, "prod//z.log", decode_log().encode())
+    summary = ingest(["s3://telemetry/prod/"], tmp_path / "st")
+    assert summary.objects_read == 1 and summary.objects_left_out == 1 and summary.errors == 0
+    status, message = manifest(tmp_path / "st")["z.log"]
+    assert status == "skipped" and "empty path segment" in message
+    assert count(tmp_path / "st", "transfers") == 6
+    again = ingest(["s3://telemetry/prod/"], tmp_path / "st")  # the next scheduled run
+    assert again.objects_left_out == 0 and count(tmp_path / "st", "sources") == 2
+
+
+def test_bucket_keys_with_dot_segments_get_a_row(tmp_path, s3):
+    s3.put("telemetry/prod/decode-0/trace.jsonl", "".join(f"{line}\n" for line in trace_lines()).encode())
+    _put_key(s3, "prod/./d.log", decode_log().encode())
+    _put_key(s3, "prod/x/../e.log", decode_log().encode())
+    _put_key(s3, "prod/.hidden/f.log", decode_log().encode())  # hidden, as on a disk: no row
+    summary = ingest(["s3://telemetry/prod/"], tmp_path / "st")
+    found = manifest(tmp_path / "st")
+    for name in ("d.log", "e.log"):
+        status, message = found[name]
+        assert status == "skipped" and "a . or .. path segment" in message
+    assert "f.log" not in found
+    assert summary.objects_left_out == 2 and count(tmp_path / "st", "transfers") == 6
+
+
+def test_a_fifo_is_never_opened_and_gets_a_row(tmp_path):
+    trace(tmp_path / "in" / "trace.jsonl")
+    os.mkfifo(tmp_path / "in" / "pipe.log")  # opened, it would block until someone writes
+    (tmp_path / "in" / "pipe-link.log").symlink_to("pipe.log")
+    done = cli("ingest", "in", "--store", "st", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    found = manifest(tmp_path / "st")
+    assert found["pipe.log"] == ("skipped", "a FIFO, not a regular file: never opened")
+    assert found["pipe-link.log"][0] == "skipped" and "a link to a FIFO" in found["pipe-link.log"][1]
+    assert count(tmp_path / "st", "transfers") == 6
+
+
+def test_a_socket_gets_a_row(tmp_path):
+    trace(tmp_path / "in" / "trace.jsonl")
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "in" / "agent.sock"))
+        summary = ingest([tmp_path / "in"], tmp_path / "st")
+    found = manifest(tmp_path / "st")
+    assert found["agent.sock"] == ("skipped", "a socket, not a regular file: never opened")
+    assert summary.objects_left_out == 1 and summary.errors == 0
 
 
 # --- 6. a config.json read again -----------------------------------------------------------

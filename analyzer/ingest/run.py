@@ -92,6 +92,8 @@ class IngestSummary:
     compaction_error: str | None = None
     errors: int = 0  # objects (or folders) that could not be read; the run went on without them
     error_messages: list[str] = field(default_factory=list)  # the first few, "uri: why"
+    objects_left_out: int = 0  # listed but not to be read (a link out of the input, a FIFO), said once
+    left_out_messages: list[str] = field(default_factory=list)  # the first few, "uri: why"
     seconds: float = 0.0
     by_format: dict[str, int] = field(default_factory=dict)
 
@@ -147,6 +149,8 @@ def _prefetch(
     (memory stays bounded). Local files and large objects are read in place, streamed.
     """
     def wanted(obj: ObjectRef) -> bool:
+        if obj.skipped is not None or obj.error is not None:
+            return False  # never opened
         return obj.local is None and obj.size <= PREFETCH_BYTES and not skip(obj)
 
     if not any(wanted(o) for o in objects):
@@ -446,6 +450,20 @@ class _Ingest:
         if len(self.summary.error_messages) < ERROR_MESSAGES:
             self.summary.error_messages.append(f"{redact(row['uri'])}: {message}")
 
+    def left_out(self, obj: ObjectRef) -> None:
+        """A manifest row for an object the listing says not to open, once: a later run that
+        lists it as it was finds it unchanged, so the manifest does not grow run after run."""
+        last = self.previous.get(obj.uri)
+        if last is not None and last["status"] == "skipped" and self.listed_unchanged(obj):
+            self.summary.objects_skipped += 1
+            return
+        row = self._source_row(obj.uri, obj.size, obj.mtime, "", 0, 1, "unknown")
+        row.update(status="skipped", message=obj.skipped)
+        self.batch.sources.append(row)
+        self.summary.objects_left_out += 1
+        if len(self.summary.left_out_messages) < ERROR_MESSAGES:
+            self.summary.left_out_messages.append(f"{redact(obj.uri)}: {obj.skipped}")
+
     def listed_unchanged(self, obj: ObjectRef) -> bool:
         """True when the listing alone says the object is as last read (nothing to open)."""
         return self.may_be_unchanged(obj) and self.previous[obj.uri]["mtime"] == obj.mtime
@@ -466,6 +484,9 @@ class _Ingest:
                 self.errored_folders.append(uri)
             self.batch.sources.append(self._source_row(uri, size, mtime, "", 0, 1, "unknown"))
             self.error(self.batch.sources[-1], obj.error)
+            return
+        if obj.skipped is not None:
+            self.left_out(obj)
             return
         last = self.previous.get(uri)
         unchanged = self.may_be_unchanged(obj)
