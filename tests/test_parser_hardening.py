@@ -386,3 +386,72 @@ def test_odd_process_ranks_and_failure_contexts_are_read_without_a_crash(tmp_pat
         (4, "NIXL transfer failure whose context does not parse")
     ]
     assert rows(tmp_path / "s", "SELECT tp_size FROM engines") == [(2,)]
+
+
+# --- lines beyond the documented size -------------------------------------------------------
+
+
+def test_a_trace_line_longer_than_the_limit_is_a_reject_on_both_paths(tmp_path):
+    import duckdb
+
+    from hybridtrace.ingest.limits import LINE_LIMIT
+    from hybridtrace.ingest.trace import fast_parse, parse_trace
+
+    records = [r for r in transfer_records(2) if r["type"] == "transfer"][:3]
+    lines = [json.dumps(r) for r in records]
+    lines[1] = json.dumps({**records[1], "link": "x" * LINE_LIMIT})  # over the limit
+    pad = LINE_LIMIT - len(json.dumps({**records[2], "link": ""}))
+    lines[2] = json.dumps({**records[2], "link": "y" * pad})  # exactly at it: read
+    assert len(lines[1]) > LINE_LIMIT and len(lines[2]) == LINE_LIMIT
+    block = "\n".join(lines).encode()
+    assert fast_parse(block, 1, len(lines), "src") is None
+    assert fast_parse("\n".join([lines[0], lines[2]]).encode(), 1, 2, "src") is not None
+    tables, rejects = parse_trace(duckdb.connect(), [line.encode() for line in lines], 1, "src")
+    assert rejects.to_pylist() == [
+        {"line_number": 2, "reason": f"line longer than {LINE_LIMIT} bytes", "raw": lines[1][:512]}
+    ]
+    assert tables["transfers"]["line_number"].to_pylist() == [1, 3]
+    write(tmp_path / "in" / "d" / "trace.jsonl", block + b"\n")
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.rejects == 1 and summary.rows["transfers"] == 2
+
+
+def test_a_log_line_longer_than_the_limit_is_read_by_its_start(tmp_path):
+    from hybridtrace.ingest.limits import LINE_LIMIT
+
+    huge = "z" * (LINE_LIMIT + 10)
+    lines = [
+        vllm_line(f"Initializing NIXL worker {ENGINE_ID}", stamp="04-21 10:00:00"),
+        vllm_line("Received request cmpl-1: prompt: '" + huge + "'", stamp="04-21 10:00:01"),  # counted only
+        vllm_line("a long warning " + huge, level="WARNING", stamp="04-21 10:00:02"),  # still a warning
+        # a line hybridtrace reads, read only in part, could say what it does not: a reject
+        vllm_line(_kv() + ", Other=" + huge, stamp="04-21 10:00:03", process="APIServer pid=1"),
+        vllm_line("Failing 2 request(s) due to KV load failure (failure_policy=fail, 9 tokens affected). "
+                  "Request IDs: {'" + huge + "', 'b'}", level="ERROR", stamp="04-21 10:00:04"),
+        kv_metrics(24, 12.4, 55.922, "04-21 10:00:05"),
+    ]  # fmt: skip
+    write(tmp_path / "in" / "d" / "vllm.log", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    events = rows(tmp_path / "s", "SELECT line_number, kind, length(message) FROM log_events ORDER BY 1")
+    assert events == [(3, "warning", 4096)]
+    assert rows(tmp_path / "s", "SELECT line_number, transfers FROM intervals") == [(6, 24)]
+    rejects = rows(tmp_path / "s", "SELECT line_number, reason, length(raw) FROM rejects ORDER BY 1")
+    assert rejects == [(n, f"line longer than {LINE_LIMIT} characters", 512) for n in (4, 5)]
+    assert rows(tmp_path / "s", "SELECT engine_id, lines FROM sources") == [(ENGINE_ID, 6)]
+
+
+def test_a_prometheus_line_longer_than_the_limit_is_a_reject(tmp_path):
+    from hybridtrace.ingest.limits import LINE_LIMIT
+
+    lines = [
+        "# TYPE vllm:nixl_num_failed_transfers_total counter",
+        'vllm:nixl_num_failed_transfers_total{engine="1",model_name="m"} 1',
+        'vllm:nixl_num_failed_transfers_total{engine="0",model_name="' + "\\\\" * LINE_LIMIT + '"} 1',
+        'vllm:nixl_num_kv_expired_reqs_total{engine="1",model_name="m"} 1',
+    ]
+    write(tmp_path / "in" / "x" / "m-20260421T100010Z.prom", "\n".join(lines) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT line_number FROM prom_samples ORDER BY 1") == [(2,), (4,)]
+    assert rows(tmp_path / "s", "SELECT line_number, reason, length(raw) FROM rejects") == [
+        (3, f"line longer than {LINE_LIMIT} characters", 512)
+    ]

@@ -42,9 +42,9 @@ _SAMPLE = re.compile(
 # backtracking entry per character, gigabytes for a label of a few megabytes.
 _LABEL = re.compile(r'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]++|\\.)*+)"[ \t]*')
 _ESCAPE = re.compile(r"\\(.)", re.S)
-# A value: a decimal number (ASCII digits, as Go's parser takes them), NaN or infinity in
-# any case (prometheus-cpp writes "Nan", Python's client "NaN" and "+Inf").
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A value is a decimal number in ASCII digits, or NaN or infinity in any case
+# (prometheus-cpp writes "Nan", Python's client "NaN" and "+Inf"); a number that reads as
+# infinity without saying so is too large for a double.
 _NON_FINITE = re.compile(r"[+-]?(?:inf|infinity|nan)", re.I)
 # Names whose samples the views difference and sum: finite values only.
 _COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created")
@@ -79,7 +79,7 @@ def _labels(text: str | None) -> tuple[dict[str, str], str | None]:
         if not match:
             return labels, NOT_A_SAMPLE
         name, raw = match.group(1), match.group(2)
-        escapes = [m.group(1) for m in _ESCAPE.finditer(raw)]
+        escapes = [m.group(1) for m in _ESCAPE.finditer(raw)] if "\\" in raw else []
         if bad := next((e for e in escapes if e not in _ESCAPES), None):
             return labels, f"invalid escape \\{bad} in the value of label {_quoted(name)}"
         if name in labels:
@@ -97,14 +97,16 @@ def _labels(text: str | None) -> tuple[dict[str, str], str | None]:
 
 def _value(text: str) -> tuple[float | None, str | None]:
     """A sample value, or the reason it is none. Non-finite only when spelled so."""
-    if _NUMBER.fullmatch(text):
+    try:
         value = float(text)
-        if not math.isfinite(value):
-            return None, f"value too large for a double: {_quoted(text)}"
-        return value, None
-    if _NON_FINITE.fullmatch(text):
-        return float(text), None
-    return None, NOT_A_SAMPLE
+    except ValueError:
+        return None, NOT_A_SAMPLE
+    # Python's float also takes 1_000 and other scripts' digits, which the format does not
+    if "_" in text or not text.isascii():
+        return None, NOT_A_SAMPLE
+    if not math.isfinite(value) and not _NON_FINITE.fullmatch(text):
+        return None, f"value too large for a double: {_quoted(text)}"
+    return value, None
 
 
 def _bound(text: str) -> float | None:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace import trace_v1
+from hybridtrace.ingest.limits import LINE_LIMIT
 from hybridtrace.schema import table_schema
 from hybridtrace.trace_v1 import Field, RecordType
 
@@ -129,11 +130,28 @@ def _empty_tables() -> dict[str, pa.Table]:
     return {table: table_schema(table).arrow_schema().empty_table() for table in _TABLES}
 
 
+def _has_long_line(block: bytes, limit: int = LINE_LIMIT) -> bool:
+    """Whether a line of ``block`` is longer than ``limit`` bytes.
+
+    Jumps a window of ``limit`` bytes at a time to the last newline inside it: a few steps
+    per chunk, each finding a newline within a line's length from the window's end.
+    """
+    position, size = 0, len(block)
+    while size - position > limit:
+        cut = block.rfind(b"\n", position, position + limit + 1)
+        if cut < 0:
+            return True
+        position = cut + 1
+    return False
+
+
 def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> dict[str, pa.Table] | None:
     """Rows per table when every line of ``block`` is a clean record, else None."""
     global _SCHEMA
     if _SCHEMA is None:
         _SCHEMA = _polars_schema()
+    if len(block) > LINE_LIMIT and _has_long_line(block):
+        return None  # a line too long to be a record: the careful path rejects it
     try:
         frame = pl.read_ndjson(block, schema=_SCHEMA)
     except Exception:
@@ -336,6 +354,18 @@ def parse_trace(
     rare bad lines are parsed again, to say what is wrong with them.
     """
     structure = _structure().replace("'", "''")
+    long = [i for i, line in enumerate(lines) if len(line) > LINE_LIMIT]
+    too_long = {
+        "line_number": [first_line + i for i in long],
+        "reason": [f"line longer than {LINE_LIMIT} bytes"] * len(long),
+        "raw": [lines[i][: RAW_LIMIT * 4].decode("utf-8", "replace")[:RAW_LIMIT] for i in long],
+    }
+    if long:
+        # No record comes near this size: the line is a reject before DuckDB copies it
+        # (a blank line in its place keeps the numbering)
+        lines = list(lines)
+        for i in long:
+            lines[i] = b""
     con.register("_lines", _lines_table(lines, first_line))
     try:
         con.execute(
@@ -377,6 +407,8 @@ def parse_trace(
             tables["log_events"] = pa.concat_tables(events)
     finally:
         con.unregister("_lines")
+    if long:
+        rejects.append(pa.table(too_long).cast(rejects[0].schema))
     return tables, pa.concat_tables(rejects)
 
 

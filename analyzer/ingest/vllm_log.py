@@ -28,6 +28,7 @@ from zoneinfo import ZoneInfo
 import polars as pl
 
 from hybridtrace.ingest.detect import COLLECTOR_STAMP, LOGGING_PREFIX
+from hybridtrace.ingest.limits import LINE_LIMIT
 
 MESSAGE_LIMIT = 4096
 RAW_LIMIT = 512
@@ -162,6 +163,12 @@ _TOPOLOGY = re.compile(
     r"|Created HeteroTPTransferConfig\(.*\bd_tp=(\d+)"
 )
 _RANK = re.compile(r"_TP(\d+)|rank=(\d+)")
+# Every message the one-by-one parse reads something from.
+_READ = (
+    _TOPOLOGY, _ENGINE_ID, re.compile(r"^KV Transfer metrics:"), _ENGINE_STATS, _BLOCK, _PADDING, _PAD_LAYERS,
+    _LAYOUT, _KV_SIZE, _CONCURRENCY, _SSM_REG, _REGISTER, _HASH_OK, _EXPIRED, _UNRECOGNISED_READ, _DECLINED,
+    _FAILURE, _LOAD_FAILED, _LOAD_RECOVERED, _POST_SKIPPED, _HASH_MISMATCH, *(o for o, _ in _RECOGNISED),
+)  # fmt: skip
 
 
 @dataclass
@@ -217,11 +224,24 @@ def _events_frame(
     the header is taken apart, and lines joined into events, only for the lines of
     events worth parsing.
     """
-    line = pl.col("raw").str.strip_suffix("\r") if tty else pl.col("raw")
+    raw = pl.col("raw")
+    if frame.select((raw.str.len_bytes() > LINE_LIMIT).any()).item():
+        # A line longer than LINE_LIMIT is read by its first LINE_LIMIT characters, its line
+        # end kept: every test below then costs at most that, whatever the line's size.
+        # The carried tail keeps the line as read (the reader counts its bytes).
+        too_long = raw.str.len_bytes() > LINE_LIMIT
+        end = pl.when(raw.str.ends_with("\r")).then(pl.lit("\r")).otherwise(pl.lit(""))
+        cut = pl.concat_str([raw.str.slice(0, LINE_LIMIT), end])
+        frame = frame.with_columns(
+            pl.when(too_long).then(cut).otherwise(raw).alias("line"), too_long.alias("long")
+        )
+    else:  # the usual case: the line is the column as read, not a copy of it
+        frame = frame.with_columns(raw.alias("line"), pl.lit(False).alias("long"))
+    line = pl.col("line").str.strip_suffix("\r") if tty else pl.col("line")
     text = line
     coloured, with_cr = frame.select(
         text.str.contains("\x1b", literal=True).any().alias("coloured"),
-        pl.col("raw").str.contains("\r", literal=True).any().alias("with_cr"),
+        pl.col("line").str.contains("\r", literal=True).any().alias("with_cr"),
     ).row(0)
     if coloured:
         text = text.str.replace_all(_ANSI, "")
@@ -294,6 +314,7 @@ def _events_frame(
             pl.col("hms").first(),
             pl.col("part").str.join("\n").alias("message"),
             pl.col("text").first().alias("first_text"),
+            pl.col("long").first().alias("cut"),
         )
         .filter(pl.col("level").is_not_null())
     )
@@ -508,6 +529,9 @@ def _bulk_kinds(events: pl.DataFrame, result: LogResult) -> pl.DataFrame:
     """
     if events.height == 0:
         return events
+    if events["cut"].any():  # a line read only in part is judged one by one
+        whole = events.filter(~pl.col("cut"))
+        return pl.concat([_bulk_kinds(whole, result), events.filter(pl.col("cut"))])
     kv = _matching(events, _KV_LINE, "transfers")
     if kv.height:
         x = pl.col("x").struct
@@ -724,6 +748,11 @@ def _parse_event(ctx: LogContext, event: dict, result: LogResult) -> None:
         reject(f"{what} line whose fields do not parse")
 
     engine = result.engine
+    if event["cut"] and any(pattern.search(message) for pattern in _READ):
+        # read only in part, a line hybridtrace reads could say something it does not (a
+        # request id or an id list cut short): a reject. A long warning is still one.
+        reject(f"line longer than {LINE_LIMIT} characters")
+        return
     if match := _TOPOLOGY.search(message):
         tp = _int(match.group(1) or match.group(2), _INT32_MAX)
         if not tp:  # a TP size is at least 1
