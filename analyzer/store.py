@@ -45,6 +45,10 @@ COMPACT_MAX_BYTES = 1 << 30
 # Superseded files stay this long after their compaction, for readers that listed them.
 COMPACT_GRACE_S = float(os.environ.get("HYBRIDTRACE_COMPACT_GRACE_S", "3600"))
 _PART = re.compile(r"^part-(?P<batch>[0-9a-f]{32})(?:-\d+)?\.parquet$")
+# The reason of a reject for a trace's last record cut short in an object that could no
+# longer grow. Should it grow after all, a later read takes the whole line: that read's
+# `sources` row reaches past the line, and the `rejects` view drops this reject from then on.
+CUT_RECORD = "not valid JSON: last record cut short (no newline after it)"
 
 
 def default_store() -> str:
@@ -336,6 +340,7 @@ class Store:
                 con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
         _check_files_kept(con, self, without_files)
         _one_record_per_request(con)
+        _cut_records_read_whole(con)
         _engines_named_later(con)
         from hybridtrace.attach import engine_models
 
@@ -417,6 +422,7 @@ _RAW_VIEWS = {
     "engines": "_engines_as_read",
     "log_events": "_log_events_as_read",
     "_intervals_log": "_intervals_log_as_read",
+    "rejects": "_rejects_as_read",
 }
 
 
@@ -484,6 +490,30 @@ def _engines_named_later(con: duckdb.DuckDBPyConnection) -> None:
             )
         else:
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM {stored}")
+
+
+def _cut_records_read_whole(con: duckdb.DuckDBPyConnection) -> None:
+    """``rejects``, less the cut last records a later read of their object took whole.
+
+    A trace whose last record had no newline and could no longer grow rejected that record
+    (CUT_RECORD) and stopped before it; if the object grew after all, a later read went on
+    from that line and got past it. The reject is then superseded, not a second count of
+    the line. Checking first keeps the common case a plain view.
+    """
+    cut = con.execute("SELECT count(*) FROM _rejects_as_read WHERE reason = ?", [CUT_RECORD]).fetchall()[0][0]
+    if not cut:
+        con.execute("CREATE VIEW rejects AS SELECT * FROM _rejects_as_read")
+        return
+    reason = CUT_RECORD.replace("'", "''")
+    con.execute(
+        f"""
+        CREATE VIEW rejects AS SELECT r.* FROM _rejects_as_read r
+        WHERE r.reason <> '{reason}' OR NOT EXISTS (
+            SELECT 1 FROM sources s
+            WHERE s.uri = r.uri AND s.end_line >= r.line_number AND s.ingested_at > r.ingested_at
+        )
+        """
+    )
 
 
 def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:

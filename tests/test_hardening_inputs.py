@@ -8,6 +8,7 @@ short for good, a config.json read again or unreadable, credentials in a URI's q
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import socket
@@ -20,11 +21,12 @@ from pathlib import Path
 import pytest
 import servers
 from loggen import decode_log
+from promgen import scrape
 from tracegen import transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
 from hybridtrace.job import JobConfig, run_job
-from hybridtrace.store import Store
+from hybridtrace.store import CUT_RECORD, Store
 
 REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") == "1"
 SCRIPT = Path(sys.executable).with_name("hybridtrace")
@@ -230,6 +232,78 @@ def test_a_socket_gets_a_row(tmp_path):
     found = manifest(tmp_path / "st")
     assert found["agent.sock"] == ("skipped", "a socket, not a regular file: never opened")
     assert summary.objects_left_out == 1 and summary.errors == 0
+
+
+# --- 5. a last record cut short for good ---------------------------------------------------
+
+
+def _cut_bundle(root: Path) -> None:
+    """Objects whose last line has no newline, all untouched for an hour."""
+    lines = trace_lines()
+    cut = "\n".join(lines)[:-10]  # the last record lost its end
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "trace.jsonl").write_text(cut)
+    (root / "a" / "trace.jsonl.1.gz").write_bytes(gzip.compress(cut.encode()))
+    (root / "a" / "whole.jsonl").write_text("\n".join(trace_lines(seed=4)))  # whole, just no newline
+    (root / "a" / "vllm.log").write_text(decode_log().rstrip("\n"))
+    (root / "b").mkdir()
+    (root / "b" / "metrics-1764400000.prom").write_text(scrape([(0.01, 0.001, 5000, 9)]).rstrip("\n"))
+    (root / "c").mkdir()
+    (root / "c" / "config.json").write_text(CONFIG.read_text().rstrip("\n"))
+    quiet(*(p for p in root.rglob("*") if p.is_file()))
+
+
+def test_a_cut_last_record_is_one_reject_and_five_runs_add_no_sources_rows(tmp_path):
+    _cut_bundle(tmp_path / "in")
+    sizes = []
+    for _ in range(5):
+        ingest([tmp_path / "in"], tmp_path / "st")
+        sizes.append(count(tmp_path / "st", "sources"))
+    assert sizes == [6] * 5
+    rejects = query(tmp_path / "st", "SELECT regexp_extract(uri, '[^/]+$'), line_number, reason FROM rejects")
+    assert sorted(rejects) == [("trace.jsonl", 9, CUT_RECORD), ("trace.jsonl.1.gz", 9, CUT_RECORD)]
+    assert {status for status, _ in manifest(tmp_path / "st").values()} == {"ok"}
+
+
+def test_a_cut_last_record_that_grows_after_all_is_read_whole_once(tmp_path):
+    lines = trace_lines()
+    text = "\n".join(lines)
+    log = tmp_path / "in" / "trace.jsonl"
+    log.parent.mkdir()
+    log.write_text(text[:-10])
+    quiet(log)
+    ingest([tmp_path / "in"], tmp_path / "st")
+    assert count(tmp_path / "st", "rejects") == 1
+    with open(log, "a") as handle:  # the writer was only slow
+        handle.write(text[-10:] + "\n")
+    grown = ingest([tmp_path / "in"], tmp_path / "st")
+    assert grown.rows["requests"] == 1 and count(tmp_path / "st", "rejects") == 0
+    assert count(tmp_path / "st", "transfers") + count(tmp_path / "st", "requests") == len(lines)
+    both = "SELECT line_number FROM transfers UNION ALL SELECT line_number FROM requests"
+    numbers = query(tmp_path / "st", both)
+    assert sorted(n for (n,) in numbers) == list(range(1, len(lines) + 1))
+
+
+def test_a_cut_last_record_of_a_file_still_written_is_held_back(tmp_path):
+    # the clean twin: a file modified just now may still be written, so it waits
+    lines = trace_lines()
+    log = tmp_path / "in" / "trace.jsonl"
+    log.parent.mkdir()
+    log.write_text("\n".join(lines)[:-10])
+    ingest([tmp_path / "in"], tmp_path / "st")
+    assert count(tmp_path / "st", "rejects") == 0
+    assert query(tmp_path / "st", "SELECT status FROM sources") == [("partial",)]
+
+
+def test_a_cut_last_record_in_a_bucket_is_one_reject_until_the_object_grows(tmp_path, s3):
+    text = "\n".join(trace_lines())
+    s3.put("telemetry/prod/trace.jsonl", text[:-10].encode())
+    for _ in range(3):
+        ingest(["s3://telemetry/prod/"], tmp_path / "st")
+    assert count(tmp_path / "st", "sources") == 1 and count(tmp_path / "st", "rejects") == 1
+    s3.put("telemetry/prod/trace.jsonl", (text + "\n").encode())  # uploaded again, whole
+    ingest(["s3://telemetry/prod/"], tmp_path / "st")
+    assert count(tmp_path / "st", "rejects") == 0 and count(tmp_path / "st", "requests") == 3
 
 
 # --- 6. a config.json read again -----------------------------------------------------------

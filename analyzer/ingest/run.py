@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact, refuse_credentials
 from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
-from hybridtrace.store import Store, concat, dedupe, new_batch_id
+from hybridtrace.store import CUT_RECORD, Store, concat, dedupe, new_batch_id
 
 if TYPE_CHECKING:
     import duckdb
@@ -626,6 +626,7 @@ class _ObjectReader:
         self.row: dict | None = None  # the manifest row of the slice being read
         self.resume_ts: float | None = None  # a resumed log's latest stamp so far
         self.log_ctx: vllm_log.LogContext | None = None
+        self.cut_record = False  # the last record was cut short for good: a reject, not held back
 
     def fail(self) -> dict:
         """Close the read's open manifest row (or add one) for the run to mark as an error."""
@@ -651,17 +652,7 @@ class _ObjectReader:
                 row["format"] = self.fmt
                 self.job.summary.by_format[self.fmt] = self.job.summary.by_format.get(self.fmt, 0) + 1
             if final:
-                # A trace record is whole when it parses, whatever the file's age: a cut
-                # record waits for its end rather than becoming a reject and a fragment.
-                whole = self.compressed or self.obj.local is None
-                if self.fmt == "connector_trace":
-                    complete = whole or _is_json(tail)
-                else:
-                    complete = quiet or self.fmt == "model_config"
-                if tail.strip() and complete:
-                    lines, consumed = _Lines(tail, 1), len(tail)
-                elif not tail.strip():
-                    consumed = len(tail)  # trailing blanks
+                lines, consumed = self._last_line(row, tail, line, quiet)
             self.job.summary.bytes_read += consumed
             self.job.progress.update(
                 self.job.summary, self.job.done_bytes + min(offset + consumed, self.size)
@@ -682,11 +673,36 @@ class _ObjectReader:
             row.update(status="empty", format="empty")
         elif self.fmt == "unknown":
             row.update(status="unrecognised")
-        elif not self.compressed and row["end_offset"] < self.size:
+        elif not self.compressed and row["end_offset"] < self.size and not self.cut_record:
             # a last line still being written was held back: the next run reads it, even if
             # the object has not changed by then
             row["status"] = "partial"
         self._close_row(row)
+
+    def _last_line(self, row: dict, tail: bytes, number: int, quiet: bool) -> tuple[_Lines, int]:
+        """What to parse of an object's last line when no newline ends it: (lines, bytes taken).
+
+        ``quiet``: the object can no longer grow (a bucket object, a gzip, a local file
+        untouched for QUIET_SECONDS), so nothing more of the line will come.
+        """
+        if not tail.strip():
+            return _Lines(b"", 0), len(tail)  # trailing blanks
+        if self.fmt == "connector_trace":
+            if _is_json(tail):  # a record is whole when it parses, whatever the object's age
+                return _Lines(tail, 1), len(tail)
+            if quiet:
+                # Cut short for good: a reject, once. The read stops before the line, so an
+                # object that grows after all has it read whole, and then the store's rejects
+                # view drops this one (see store.CUT_RECORD): never a fragment, never twice.
+                from hybridtrace.ingest.vllm_log import RAW_LIMIT
+
+                raw = tail[:RAW_LIMIT].decode("utf-8", "backslashreplace")
+                self._reject(row, [{"line_number": number, "reason": CUT_RECORD, "raw": raw}])
+                self.cut_record = True
+            return _Lines(b"", 0), 0  # a record still being written waits for its end
+        if quiet or self.fmt == "model_config":
+            return _Lines(tail, 1), len(tail)
+        return _Lines(b"", 0), 0  # a line still being written: read by a later run
 
     def _new_row(self, offset: int, line: int) -> dict:
         row = self.job._source_row(
