@@ -96,6 +96,8 @@ TABLES = (
     "models",
     "prom_samples",
     "verifications",
+    "nixl_transfers",
+    "nixl_rings",
 )
 DERIVED = ("engine_models",)
 

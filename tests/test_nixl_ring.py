@@ -3,6 +3,7 @@ documented structs (no real files of the older versions exist here)."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -131,3 +132,43 @@ def test_a_disabled_metric_shortens_the_group():
 def test_what_is_not_a_ring_says_why(data, reason):
     with pytest.raises(RingError, match=reason):
         parse_ring(data, "bad")
+
+
+def test_ingest_reads_a_ring_as_snapshots_and_never_counts_a_transfer_twice(tmp_path):
+    """A ring rewritten in place: each read is a snapshot; what an earlier one held is a
+    duplicate, the new transfers are added, and the connector's engine record maps the agent."""
+    import json
+
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import Store
+
+    inputs, store = tmp_path / "in", tmp_path / "store"
+    (inputs / "rings").mkdir(parents=True)
+    agent = "3f2b9c1e-0d4a-4e8b-9a77-5c1d2e3f4a5b"
+    ring = inputs / "rings" / agent
+    ring.write_bytes(ring_bytes([*read(12, 340, 65536), *read(9, 200, 4096)], capacity=32))
+    (inputs / "trace.jsonl").write_text(json.dumps({
+        "type": "engine", "v": 1, "ts": 1764400000.0, "engine_id": "decode-0", "role": "decode", "tp_size": 2,
+        "rank": 1, "agent_name": agent}) + "\n")
+    ingest([inputs], store)
+
+    def rows(sql):
+        return Store(store).connect().sql(sql).fetchall()
+
+    mapped = rows("SELECT agent, engine_id, rank, direction, transported_bytes FROM nixl_transfer_ranks "
+                  "ORDER BY seq")
+    assert mapped == [(agent, "decode-0", 1, "read", 65536), (agent, "decode-0", 1, "read", 4096)]
+    # NIXL appends two more transfers in place: same size, a later modification time
+    ring.write_bytes(ring_bytes([*read(12, 340, 65536), *read(9, 200, 4096), *write(5, 50, 512),
+                                 *read(7, 70, 1024)], capacity=32))
+    stat = ring.stat()
+    os.utime(ring, (stat.st_atime, stat.st_mtime + 5))
+    ingest([inputs], store)
+    assert rows("SELECT seq, direction, transported_bytes FROM nixl_transfers ORDER BY seq") == [
+        (0, "read", 65536), (1, "read", 4096), (2, "write", 512), (3, "read", 1024)]
+    assert rows("SELECT count(*), sum(transfers) FROM nixl_rings") == [(2, 6)]
+    assert rows("SELECT count(*) FROM rejects") == [(0,)]
+    # unchanged: nothing new, no new manifest rows
+    before = rows("SELECT count(*) FROM sources")
+    ingest([inputs], store)
+    assert rows("SELECT count(*) FROM sources") == before

@@ -29,6 +29,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 HEADER = struct.Struct("<QQiiQQ")  # write_pos, read_pos, version, expected_version, capacity, mask
 HEADER_BYTES = HEADER.size  # 40
@@ -54,7 +58,7 @@ NAMES = {
 V1_EVENT = struct.Struct("<Qi32s4xQ")  # timestamp µs, category, name, value: 56 bytes
 V1_ERROR_CATEGORY = 4
 # A ring no NIXL release could write: refuse it before allocating for it.
-MAX_CAPACITY = 1 << 24
+MAX_CAPACITY = 1 << 22  # 4M events, 64 MiB: far above NIXL's default of 4,096
 
 
 class RingError(ValueError):
@@ -93,6 +97,20 @@ class Ring:
     def full(self) -> bool:
         """The ring had no room left: NIXL discarded every event after these."""
         return self.events >= self.capacity - 1
+
+
+def looks_like_ring(head: bytes, size: int) -> bool:
+    """A ring file's header, by its own consistency: equal versions, a power-of-two
+    capacity with its mask, positions inside it, and a size of exactly 40 + slots × a
+    layout's event size. Text never passes (a version word would be four ASCII bytes)."""
+    if len(head) < HEADER_BYTES:
+        return False
+    write_pos, read_pos, version, expected, capacity, mask = HEADER.unpack_from(head, 0)
+    if not (0 < version == expected < 1024) or not (2 <= capacity <= MAX_CAPACITY):
+        return False
+    if capacity & (capacity - 1) or mask != capacity - 1 or write_pos >= capacity or read_pos >= capacity:
+        return False
+    return size - HEADER_BYTES == capacity * (V1_EVENT.size if version == 1 else 16)
 
 
 def parse_ring(data: bytes | memoryview, agent: str) -> Ring:
@@ -211,3 +229,40 @@ def _rebuild(ring: Ring, ids: list[int], values: list[int], stamps: list[int] | 
     if open_group is not None:  # the ring ended inside a group: a full ring, or a cut snapshot
         ring.incomplete_groups += 1
     ring.incomplete_groups += len(posts) if not batched else 0
+
+
+def ring_tables(ring: Ring, source_id: str, read_at: float) -> tuple[pa.Table, pa.Table]:
+    """The ``nixl_transfers`` rows and the ``nixl_rings`` row of one snapshot."""
+    import json
+
+    import pyarrow as pa
+
+    from hybridtrace.schema import table_schema
+
+    rows = ring.transfers
+    transfers = pa.table({
+        "agent": [ring.agent] * len(rows),
+        "direction": [t.direction for t in rows],
+        "post_us": pa.array([t.post_us for t in rows], pa.int64()),
+        "xfer_us": pa.array([t.xfer_us for t in rows], pa.int64()),
+        "transported_bytes": pa.array([t.bytes for t in rows], pa.int64()),
+        "seq": pa.array([t.seq for t in rows], pa.int64()),
+        "slot": pa.array([t.slot for t in rows], pa.int64()),
+        "ts": pa.array([None if t.ts_us is None else t.ts_us / 1e6 for t in rows], pa.float64()),
+        "ring_version": pa.array([ring.version] * len(rows), pa.int32()),
+        "snapshot_id": [source_id] * len(rows),
+        "source_id": [source_id] * len(rows),
+        "line_number": pa.array([t.seq + 1 for t in rows], pa.int64()),
+    })
+    unknown = json.dumps({str(k): v for k, v in sorted(ring.unknown_events.items())})
+    snapshot = pa.table({
+        "agent": [ring.agent], "snapshot_id": [source_id], "read_at": [read_at],
+        "ring_version": pa.array([ring.version], pa.int32()),
+        "event_bytes": pa.array([ring.event_bytes], pa.int32()),
+        "capacity": [ring.capacity], "events": [ring.events], "transfers": [len(rows)],
+        "errors": [json.dumps(ring.errors, sort_keys=True)], "error_count": [sum(ring.errors.values())],
+        "dropped_events": [ring.dropped_events], "ring_full": [ring.full],
+        "incomplete_groups": [ring.incomplete_groups], "unknown_events": [unknown],
+        "registered_bytes": [ring.registered_bytes], "source_id": [source_id], "line_number": [1],
+    })  # fmt: skip
+    return table_schema("nixl_transfers").conform(transfers), table_schema("nixl_rings").conform(snapshot)

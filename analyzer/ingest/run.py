@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from hybridtrace.buckets import ObjectRef, is_bucket, list_objects, redact, refuse_credentials
 from hybridtrace.errors import HybridtraceError, StoreWriteError, UsageError
+from hybridtrace.ingest.nixl_ring import RingError, looks_like_ring, parse_ring, ring_tables
 from hybridtrace.schema import SCHEMA_VERSION, table_schema
 from hybridtrace.store import CUT_RECORD, Store, concat, dedupe, new_batch_id
 
@@ -66,8 +67,11 @@ DATA_TABLES = (
     "log_events",
     "prom_samples",
     "rejects",
+    "nixl_transfers",
+    "nixl_rings",
 )
-DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples", "rejects")
+DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples", "rejects",
+           "nixl_transfers", "nixl_rings")
 
 
 @dataclass
@@ -523,6 +527,9 @@ class _Ingest:
             return
         compressed = head[:2] == b"\x1f\x8b"
         fingerprint = _fingerprint(head[:size])
+        if not compressed and looks_like_ring(head, size):
+            self._ring(obj, raw, head, fingerprint, version)
+            return
         start, first_line, fmt, engine_id, resume_ts = 0, 1, None, None, None
         # A read that found nothing it knows (a launcher banner before the first vLLM line)
         # is not resumed: the whole object is looked at again.
@@ -562,6 +569,38 @@ class _Ingest:
             self.error(reader.fail(), f"cannot read: {redact(str(exc)) or type(exc).__name__}")
         self.done_bytes += size
         self.progress.update(summary, self.done_bytes)
+        self.maybe_commit()
+
+    def _ring(
+        self, obj: ObjectRef, raw: BinaryIO, head: bytes, fingerprint: str, version: str | None
+    ) -> None:
+        """A NIXL telemetry ring: read whole, as one snapshot (NIXL rewrites it in place).
+
+        A later read is a new snapshot; its transfers that an earlier one held have the
+        same key (agent, slot and content), so they are counted as duplicates, not
+        stored twice. The file is only read.
+        """
+        row = self._source_row(obj.uri, obj.size, obj.mtime, fingerprint, 0, 1, "nixl_ring", version)
+        self.batch.sources.append(row)
+        self.summary.objects_read += 1
+        self.summary.by_format["nixl_ring"] = self.summary.by_format.get("nixl_ring", 0) + 1
+        try:
+            with raw:
+                data = head + raw.read()
+            ring = parse_ring(data, obj.name)
+        except (OSError, RingError) as exc:
+            self.error(row, f"cannot read the NIXL ring: {redact(str(exc))}")
+            return
+        transfers, snapshot = ring_tables(ring, row["source_id"], time.time())
+        counts = {}
+        for name, table in (("nixl_transfers", transfers), ("nixl_rings", snapshot)):
+            if table.num_rows:
+                self.batch.add(name, table)
+                counts[name] = table.num_rows
+        row.update(rows=json.dumps(counts), end_offset=obj.size, end_line=ring.events, lines=ring.events)
+        self.summary.bytes_read += obj.size
+        self.done_bytes += obj.size
+        self.progress.update(self.summary, self.done_bytes)
         self.maybe_commit()
 
     def note_gone(self, prefixes: list[str]) -> None:
