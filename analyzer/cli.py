@@ -82,6 +82,26 @@ def _root(
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
 
 
+def _fitted_link(store: str, pair: str | None, rank: int | None, link: str | None) -> dict:
+    """The link model fitted from a store's reads, for ``model --link-from``."""
+    from hybridtrace.analyze.link_fit import fit_from_store
+    from hybridtrace.store import Store
+
+    st = Store(store)
+    if not st.exists():
+        raise UsageError(f"no hybridtrace store at {store}")
+    engines = None
+    if pair is not None:
+        engines = tuple(p.strip() for p in pair.split(","))
+        if len(engines) != 2 or not all(engines):
+            raise UsageError("--pair takes PREFILL,DECODE engine ids")
+    fit, used = fit_from_store(st.connect(), pair=engines, rank=rank, link=link)
+    if fit is None or fit.bandwidth_bytes_per_s is None:
+        raise UsageError(f"cannot fit a link from {used} in {store}: at least 8 reads whose time grows "
+                         "with their bytes are needed")
+    return {**fit.as_dict(), "from": used}
+
+
 @app.command("model")
 def model_command(
     config: Annotated[
@@ -112,6 +132,15 @@ def model_command(
     state_blocks: Annotated[int, typer.Option(help="J: state snapshots the decoder pulls.")] = 1,
     bandwidth: Annotated[str, typer.Option(help="Effective link bandwidth (not the peak label).")] = "20GB/s",
     fixed_cost: Annotated[str, typer.Option(help="Fixed post + completion cost per transfer.")] = "80us",
+    link_from: Annotated[
+        str | None,
+        typer.Option(help="Fit --bandwidth and --fixed-cost from the reads in this store instead."),
+    ] = None,
+    pair: Annotated[
+        str | None, typer.Option(help="With --link-from: PREFILL,DECODE engine ids (default: every pair).")
+    ] = None,
+    rank: Annotated[int | None, typer.Option(help="With --link-from: one decode TP rank.")] = None,
+    link: Annotated[str | None, typer.Option(help="With --link-from: one route (the trace's link).")] = None,
     attention_bytes_per_token: Annotated[
         str | None, typer.Option(help="Raw mode: B per rank, e.g. 4KiB (no config needed).")
     ] = None,
@@ -126,6 +155,11 @@ def model_command(
         raise UsageError("--tp must be at least 1")
     rate = parse_rate(bandwidth)
     fixed = parse_duration(fixed_cost)
+    fitted = _fitted_link(link_from, pair, rank, link) if link_from else None
+    if fitted is not None:
+        rate, fixed = fitted["bandwidth_bytes_per_s"] or rate, fitted["fixed_s"]
+    elif pair or rank is not None or link:
+        raise UsageError("--pair, --rank and --link narrow --link-from: give a store")
     raw = attention_bytes_per_token is not None or state_bytes is not None
     if raw and config is not None:
         raise UsageError("give either a config or --attention-bytes-per-token/--state-bytes, not both")
@@ -152,6 +186,8 @@ def model_command(
     result["state_blocks"] = state_blocks
     result["bandwidth_bytes_per_s"] = rate
     result["fixed_cost_s"] = fixed
+    if fitted is not None:
+        result["link_fit"] = fitted
     result["worksheet"] = [r.as_dict() for r in rows]
     if fmt is OutputFormat.json:
         typer.echo(to_json(result))

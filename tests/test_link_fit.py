@@ -59,3 +59,39 @@ def test_descriptors_that_grow_with_bytes_are_left_out_and_said():
 def test_too_few_reads_give_no_fit():
     assert fit_link(reads(5)) is None
     assert fit_link(reads(50).with_columns(pl.lit(float("nan")).alias("xfer_s"))) is None
+
+
+def test_model_link_from_a_store_uses_the_fitted_link(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tracegen import engine_record, write_jsonl
+
+    from hybridtrace.ingest.run import ingest
+
+    records = [engine_record("decode-0", "decode", 1)]
+    for i, row in enumerate(reads(200).iter_rows(named=True)):
+        records.append({"type": "transfer", "v": 1, "ts": 1764400100.0 + i, "request_id": f"r{i}",
+                        "engine_id": "decode-0", "remote_engine_id": "prefill-0", "rank": 0, "tp_size": 1,
+                        "remote_rank": 0, "remote_tp_size": 1, "status": "ok", "xfer_s": row["xfer_s"],
+                        "bytes": int(row["bytes"]), "descriptors": row["descriptors"]})
+    write_jsonl(tmp_path / "in" / "trace.jsonl", records)
+    ingest([tmp_path / "in"], tmp_path / "store")
+
+    def model(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "hybridtrace", "model", "--attention-bytes-per-token", "4KiB",
+                   "--state-bytes", "2.57MiB", "--format", "json", *extra]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    out = json.loads(model("--link-from", str(tmp_path / "store"), "--pair", "prefill-0,decode-0").stdout)
+    fit = out["link_fit"]
+    assert fit["transfers"] == 200 and fit["from"] == "200 trace reads"
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH, rel=0.05)
+    rate, fixed = fit["bandwidth_bytes_per_s"], fit["fixed_s"]
+    assert (out["bandwidth_bytes_per_s"], out["fixed_cost_s"]) == (rate, fixed)
+    row = out["worksheet"][0]
+    assert row["link_seconds"] == pytest.approx(fixed + row["logical_bytes"] / rate)
+    # a pair with no reads cannot be fitted: exit 2, one line
+    missing = model("--link-from", str(tmp_path / "store"), "--pair", "prefill-9,decode-0")
+    assert missing.returncode == 2 and "cannot fit a link" in missing.stderr

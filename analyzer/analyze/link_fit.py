@@ -117,3 +117,32 @@ def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes"
         median_abs_error_pct=round(median_error, 3),
         note=note,
     )
+
+
+def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None = None,
+                   link: str | None = None) -> tuple[LinkFit | None, str]:
+    """The link fitted from a store's successful reads, and where they came from.
+
+    The connector trace's reads (with descriptors) when the store has them, else NIXL's
+    own ring transfers (no descriptors, no pair). ``pair`` is (prefill, decode) engine
+    ids, ``rank`` the decode TP rank, ``link`` the trace's route; all narrow the reads.
+    """
+    where, params = ["status = 'ok'", "xfer_s > 0"], []
+    if pair is not None:
+        where.append("remote_engine_id = ? AND engine_id = ?")
+        params += list(pair)
+    if rank is not None:
+        where.append("rank = ?")
+        params.append(rank)
+    if link is not None:
+        where.append("link = ?")
+        params.append(link)
+    query = ("SELECT xfer_s, transported_bytes AS bytes, descriptors FROM transfers WHERE "
+             + " AND ".join(where))
+    frame = pl.from_arrow(con.sql(query, params=params).to_arrow_table())
+    if frame.height or pair is not None or rank is not None or link is not None:
+        return fit_link(frame), f"{frame.height} trace reads"
+    frame = pl.from_arrow(con.sql(
+        "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
+    ).to_arrow_table())
+    return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
