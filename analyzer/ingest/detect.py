@@ -37,7 +37,7 @@ _PROM_LINE = re.compile(
     rb"^(?:# (?:HELP|TYPE) [A-Za-z_:][\w:]* |[A-Za-z_:][\w:]*(?:\{[^}]*\})? [-+0-9.eEnaNIf]+)", re.M
 )
 
-FORMATS = ("connector_trace", "vllm_log", "prometheus", "model_config", "unknown")
+FORMATS = ("connector_trace", "vllm_log", "prometheus", "model_config", "trtllm_csv", "sglang", "unknown")
 
 # One JSON token: a string, a structural character, or a bare scalar (number, true, null).
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]|[^\s"\[\]{},:]+')
@@ -117,6 +117,14 @@ def detect_format(head: bytes, name: str = "") -> str:
             return "model_config"
         if obj is None and (b'"architectures"' in stripped or b'"model_type"' in stripped):
             return "model_config"  # a config larger than the head we looked at
+    # other engines' transfer telemetry, by its own headers and markers (docs/other-engines.md)
+    from hybridtrace.ingest.sglang import looks_like_sglang
+    from hybridtrace.ingest.trtllm import looks_like_trtllm
+
+    if looks_like_trtllm(text, name):
+        return "trtllm_csv"
+    if looks_like_sglang(text, name):
+        return "sglang"
     sample = text[:16384]
     if len(_VLLM_LINE.findall(sample)) >= 1:
         return "vllm_log"

@@ -70,6 +70,9 @@ DATA_TABLES = (
     "nixl_transfers",
     "nixl_rings",
 )
+# Read whole each time they change (their rows dedupe against what the store holds): a
+# scrape or a config is one whole; another engine's CSV needs its header line.
+WHOLE_FORMATS = ("unknown", "empty", "prometheus", "model_config", "trtllm_csv", "sglang", None)
 DEDUPED = ("transfers", "requests", "engines", "models", "intervals", "log_events", "prom_samples", "rejects",
            "nixl_transfers", "nixl_rings")
 
@@ -534,7 +537,7 @@ class _Ingest:
         # A read that found nothing it knows (a launcher banner before the first vLLM line)
         # is not resumed: the whole object is looked at again.
         # A scrape or a config is one whole: when it changes it is read again from the start.
-        resumable = last and last["format"] not in ("unknown", "empty", "prometheus", "model_config", None)
+        resumable = last and last["format"] not in WHOLE_FORMATS
         if resumable and last["end_offset"]:
             same_object = last["size_bytes"] == size and last["mtime"] == mtime
             grown = (
@@ -666,6 +669,7 @@ class _ObjectReader:
         self.resume_ts: float | None = None  # a resumed log's latest stamp so far
         self.log_ctx: vllm_log.LogContext | None = None
         self.cut_record = False  # the last record was cut short for good: a reject, not held back
+        self.whole: list[bytes] = []  # the chunks of an object parsed whole (another engine's files)
 
     def fail(self) -> dict:
         """Close the read's open manifest row (or add one) for the run to mark as an error."""
@@ -794,6 +798,8 @@ class _ObjectReader:
             return self._parse_log(row, lines, first_line, final)
         if self.fmt == "model_config":
             self._model_config(row, lines, final)
+        if self.fmt in ("trtllm_csv", "sglang"):
+            self._other_engine(row, lines, final)
         if self.fmt == "prometheus" and lines:
             self._prometheus(row, lines, first_line)
         return 0, 0
@@ -875,6 +881,27 @@ class _ObjectReader:
             }
             self._add(row, "engines", _with_day(pa.Table.from_pylist([engine]), "ts"))
         self._reject(row, result.rejects)
+
+    def _other_engine(self, row: dict, lines: _Lines, final: bool) -> None:
+        """TensorRT-LLM's transfer CSVs and SGLang's request stats: parsed whole, at the end."""
+        if lines:
+            self.whole.append(lines.block)
+        if not final:
+            return
+        data = b"\n".join(self.whole) + b"\n"
+        if self.fmt == "trtllm_csv":
+            from hybridtrace.ingest.trtllm import parse_trtllm
+
+            tables, rejects = parse_trtllm(data, row["source_id"], name=self.uri, tz=self.job.options.tz)
+        else:
+            from hybridtrace.ingest.sglang import parse_sglang
+
+            tables, rejects = parse_sglang(data, row["source_id"], name=self.uri, year=self.job.options.year,
+                                           tz=self.job.options.tz, scrape_ts=self.mtime)
+        for name, table in tables.items():
+            self._add(row, name, table)
+        if rejects:
+            self._reject(row, [{"line_number": n, "reason": why, "raw": raw} for n, why, raw in rejects])
 
     def _model_config(self, row: dict, lines: _Lines, final: bool) -> None:
         # A config is small: collect its chunks and parse it once, at the end.
