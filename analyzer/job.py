@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridtrace.buckets import bucket, is_bucket, redact
+from hybridtrace.buckets import bucket, is_bucket, redact, refuse_credentials
 from hybridtrace.errors import UsageError
 from hybridtrace.kinds import parse_kinds
 from hybridtrace.storage import LeaseHeld, root_of
@@ -126,6 +126,10 @@ def load_job(path: str | Path) -> JobConfig:
                        ("model", inputs.get("model")), ("tz", inputs.get("tz"))):  # fmt: skip
         if value is not None and not isinstance(value, str):
             raise UsageError(f"{path}: {key} must be a string, not {value!r}")
+    for where in (*paths, store["path"], report.get("html"), report.get("markdown")):
+        if where is not None and is_bucket(where):
+            # refused now, not after the ingest and analysis when the report is published
+            refuse_credentials(where)
     if "thresholds" in raw:
         # checked now, not after the ingest has written the store and the report is due
         from hybridtrace.analyze.thresholds import load as load_thresholds

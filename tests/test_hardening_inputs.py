@@ -396,3 +396,20 @@ def test_credentials_in_a_uri_query_are_refused(tmp_path, uri):
         assert len(done.stderr.strip().splitlines()) == 1
         assert secret not in done.stdout + done.stderr
     assert not (tmp_path / "st").exists()  # nothing was listed, read or written
+
+
+@pytest.mark.parametrize("key", ["paths", "html"])
+def test_a_job_file_with_credentials_in_a_uri_query_is_refused_before_anything_runs(tmp_path, key):
+    trace(tmp_path / "in" / "trace.jsonl")
+    uris = {"paths": f"['{tmp_path / 'in'}']", "html": f"'{tmp_path / 'report.html'}'"}
+    uris[key] = "'s3://telemetry/prod?Secret_Key=hybridSecret0Test'"
+    if key == "paths":
+        uris[key] = f"[{uris[key]}]"
+    job = tmp_path / "job.toml"
+    job.write_text(f"[inputs]\npaths = {uris['paths']}\n[store]\npath = '{tmp_path / 'st'}'\n"
+                   f"[report]\nhtml = {uris['html']}\n")  # fmt: skip
+    done = cli("run", "--config", str(job), cwd=tmp_path, env=NO_SERVER)
+    assert done.returncode == 2 and json.loads(done.stdout)["status"] == "error", done.stdout
+    assert "credentials in their query are refused" in done.stderr
+    assert "hybridSecret0Test" not in done.stdout + done.stderr
+    assert not (tmp_path / "st").exists()  # nothing was ingested
