@@ -455,3 +455,21 @@ def test_a_prometheus_line_longer_than_the_limit_is_a_reject(tmp_path):
     assert rows(tmp_path / "s", "SELECT line_number, reason, length(raw) FROM rejects") == [
         (3, f"line longer than {LINE_LIMIT} characters", 512)
     ]
+
+
+def test_a_blank_line_of_a_crlf_trace_is_no_reject(tmp_path):
+    records = [json.dumps(r) for r in transfer_records(2)]
+    text = "\r\n".join([records[0], "", records[1], " \t", *records[2:]]) + "\r\n"
+    write(tmp_path / "in" / "d" / "trace.jsonl", text)
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert summary.rejects == 0 and summary.rows["transfers"] == 4 and summary.rows["requests"] == 2
+    assert rows(tmp_path / "s", "SELECT line_number FROM transfers ORDER BY 1") == [(1,), (3,), (6,), (7,)]
+
+
+def test_a_log_holding_only_its_init_line_files_its_tp_size_under_its_engine(tmp_path):
+    # the line is the last event of the first chunk, carried to the next: its worker's rank
+    # counts where the engine is known, not under the folder's name as a second engine
+    line = vllm_line(f"Initializing NIXL worker {ENGINE_ID}", process="Worker_TP1 pid=306")
+    write(tmp_path / "in" / "decode-0" / "vllm.log", line + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT engine_id, tp_size FROM engines") == [(ENGINE_ID, 2)]

@@ -339,6 +339,9 @@ def _lines_table(lines: list[bytes], first_line: int) -> pa.Table:
     )
 
 
+# A line of JSON whitespace alone is blank, whatever ends it: a blank line of a CRLF file is
+# "\r", which polars' reader skips as well.
+_BLANK = "' ' || chr(9) || chr(13)"
 # "v" is the number 1 (the fast path reads it as an integer; "1" as text is not v1)
 _V1 = f"(json_type(j.v) IN {_NUMBER} AND TRY_CAST(j.v AS DOUBLE) = 1)"
 _KNOWN = ", ".join(f"'{name}'" for name in RECORD_TYPES)
@@ -373,7 +376,7 @@ def parse_trace(
             CREATE OR REPLACE TEMP TABLE _parsed AS
             SELECT line_number, text, try(json_transform(text, '{structure}')) AS j
             FROM (SELECT line_number, try(decode(raw)) AS text FROM _lines WHERE octet_length(raw) > 0)
-            WHERE text IS NULL OR trim(text) <> ''
+            WHERE text IS NULL OR trim(text, {_BLANK}) <> ''
             """
         )
         rejects = [

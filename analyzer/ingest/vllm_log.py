@@ -251,21 +251,6 @@ def _events_frame(
         )
     else:  # no carriage return anywhere: the text is the line as read, not a copy of it
         frame = frame.with_columns(text.alias("text"), pl.lit(False).alias("cr"))
-    # The worker names of the process prefixes (within a line's first 96 characters, after
-    # any collector stamp): a few distinct prefixes, parsed once each.
-    prefixes = (
-        frame.filter(pl.col("text").str.contains_any(["_TP", "VllmWorker rank="]))["text"]
-        .str.slice(0, 96)
-        .unique()
-    )
-    # vLLM names a worker by its parallel ranks in order (Worker_TP1, Worker_PP1_TP3,
-    # Worker_TP1_EP1); older versions VllmWorker rank=1
-    ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)").fill_null(
-        prefixes.str.extract(r"\(VllmWorker rank=(\d+) pid=\d+\)")
-    )
-    # a rank too large for a TP size (int32) is no rank
-    ranks = ranks.cast(pl.Int32, strict=False).filter(ranks.cast(pl.Int32, strict=False) < _INT32_MAX)
-    top_rank = ranks.max() if ranks.len() else None
     has_header = pl.col("text").str.contains(_HEADER_TEST)
     frame = frame.with_columns(has_header.alias("has_header"))
     headerless = pl.when(~pl.col("has_header")).then(pl.col("text").str.replace(_PROCESS_PREFIX, ""))
@@ -277,11 +262,32 @@ def _events_frame(
     # the very first line of an object) starts a new event anyway.
     frame = frame.with_columns(starts.cum_sum().alias("event"), starts.alias("starts"))
     carry: list[tuple[int, str]] = []
+    ranked = frame
     if not final and frame.height:
         last = frame["event"][-1]
         tail = frame.filter(pl.col("event") == last)
         carry = list(zip(tail["line_number"].to_list(), tail["raw"].to_list(), strict=True))
         frame = frame.filter(pl.col("event") != last)
+        named = tail.filter(pl.col("has_header") & pl.col("text").str.contains(_ENGINE_ID.pattern))
+        if named.height:
+            ranked = frame
+    # The worker names of the process prefixes (within a line's first 96 characters, after
+    # any collector stamp): a few distinct prefixes, parsed once each. When the carried tail
+    # is the engine's `Initializing NIXL worker` line (a log holding little more so far),
+    # its ranks wait with it: what they say is filed with the line, under its engine.
+    prefixes = (
+        ranked.filter(pl.col("text").str.contains_any(["_TP", "VllmWorker rank="]))["text"]
+        .str.slice(0, 96)
+        .unique()
+    )
+    # vLLM names a worker by its parallel ranks in order (Worker_TP1, Worker_PP1_TP3,
+    # Worker_TP1_EP1); older versions VllmWorker rank=1
+    ranks = prefixes.str.extract(r"\(\w*_TP(\d+)(?:_[A-Z]+\d+)* pid=\d+\)").fill_null(
+        prefixes.str.extract(r"\(VllmWorker rank=(\d+) pid=\d+\)")
+    )
+    # a rank too large for a TP size (int32) is no rank
+    ranks = ranks.cast(pl.Int32, strict=False).filter(ranks.cast(pl.Int32, strict=False) < _INT32_MAX)
+    top_rank = ranks.max() if ranks.len() else None
     # Whether an event is worth parsing is decided on its first line (WARNING or worse,
     # or a message hybridtrace knows), then carried to its continuation lines.
     first_interesting = pl.col("has_header") & pl.col("text").str.contains_any(
