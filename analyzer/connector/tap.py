@@ -33,7 +33,7 @@ class Read:
         self.post_ts: float | None = None
         self.observed: float | None = None
         self.state: str | None = None
-        self.telemetry: tuple | None = None
+        self.telemetry: Any = None  # NIXL's telemetry object (or its fields as a tuple)
 
 
 def telemetry_tuple(telemetry: Any) -> tuple | None:
@@ -117,18 +117,21 @@ class AgentTap:
         telemetry = self._agent.get_xfer_telemetry(handle)
         read = self._reads.get(handle)
         if read is not None:
-            read.telemetry = telemetry_tuple(telemetry)
+            read.telemetry = telemetry  # a value NIXL copied out: its fields are read later, off this thread
         return telemetry
 
     def release_xfer_handle(self, handle: Any, *args: Any, **kwargs: Any) -> Any:
-        read = self._reads.get(handle)
+        read = self._reads.pop(handle, None)
         if read is not None and read.telemetry is None and read.state == "ERR":
             # vLLM reads telemetry of completed reads only; a failed one may have some
             with contextlib.suppress(Exception):
-                read.telemetry = telemetry_tuple(self._agent.get_xfer_telemetry(handle))
-        result = self._agent.release_xfer_handle(handle, *args, **kwargs)
-        # released: the read is over (a release that raised leaves it for the retry)
-        read = self._reads.pop(handle, None)
+                read.telemetry = self._agent.get_xfer_telemetry(handle)
+        try:
+            result = self._agent.release_xfer_handle(handle, *args, **kwargs)
+        except BaseException:
+            if read is not None:  # not released: the read goes on until vLLM's retry releases it
+                self._reads[handle] = read
+            raise
         if read is not None:
             self._hand_over(read)
         return result
@@ -155,7 +158,8 @@ def read_facts(read: Read) -> dict:
     NIXL merged neighbours), 0 bytes when NIXL reported none (a read that failed).
     ``remote_request_id`` comes from vLLM's notification ``<id>:<consumers>``.
     """
-    telemetry = read.telemetry
+    telemetry = read.telemetry if isinstance(read.telemetry, tuple) or read.telemetry is None else (
+        telemetry_tuple(read.telemetry))
     status = "ok" if read.state == "DONE" else "failed"
     if telemetry is not None and telemetry[3] is not None:
         transported, descriptors, post_s = int(telemetry[3]), int(telemetry[4]), telemetry[1] / 1e6
