@@ -193,18 +193,28 @@ def put(folder: Path, name: str, data: bytes, gz: bool = False) -> Path:
 BAD_UTF8 = [b"\x80", b"\xc3\x28", b"\xc0\xaf", b"\xed\xa0\x80", b"\xff", b"\xfe\xfe", b"\xf8\x88\x80\x80\x80"]
 
 
+def _undecodable(data: bytes) -> bytes:
+    """``data``, made sure to be no UTF-8: an inserted byte can complete its neighbours into
+    a character (\xe1\x80 and \x80 make U+1000); \xff is in no UTF-8 text."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return data
+    return data + b"\xff"
+
+
 @st.composite
 def binary_line(draw: st.DrawFn) -> bytes:
     """Random bytes holding at least one sequence that is no UTF-8 (and no newline)."""
     noise = draw(st.binary(max_size=64)).replace(b"\n", b"")
     at = draw(st.integers(0, len(noise)))
-    return noise[:at] + draw(st.sampled_from(BAD_UTF8)) + noise[at:]
+    return _undecodable(noise[:at] + draw(st.sampled_from(BAD_UTF8)) + noise[at:])
 
 
 @st.composite
 def with_bad_utf8(draw: st.DrawFn, data: bytes) -> bytes:
     at = draw(st.integers(0, len(data)))
-    return data[:at] + draw(st.sampled_from(BAD_UTF8)) + data[at:]
+    return _undecodable(data[:at] + draw(st.sampled_from(BAD_UTF8)) + data[at:])
 
 
 def deep(depth: int) -> str:
@@ -670,8 +680,8 @@ def prom_object(draw: st.DrawFn) -> tuple[bytes, Expect]:
     ]
     lines = head + draw(st.lists(prom_line(), max_size=30))
     # Detection looks at the whole lines of the first chunk only: a scrape of two lines, the
-    # last without its newline, is not recognised (test_a_two_line_scrape_without_its_last_
-    # newline_is_a_scrape below). Cut short, a scrape here has three lines or more.
+    # last without its newline, is not recognised (the xfail test below). Cut short, a
+    # scrape here has three lines or more.
     last_ending = draw(st.booleans()) or len(lines) < 3
     return build(lines, draw(st.sampled_from([b"\n", b"\r\n"])), last_ending)
 
@@ -690,16 +700,19 @@ def test_fuzz_prometheus(generated, gz):
 @pytest.mark.xfail(
     strict=True,
     reason="detection looks at the whole lines of an object's first chunk only, not at a last line "
-    "without its newline: one sample line is too few for a scrape",
+    "without its newline: one sample line is too few for a scrape, a config's first line '{' says nothing",
 )
-def test_a_two_line_scrape_without_its_last_newline_is_a_scrape(tmp_path):
-    put(
-        tmp_path / "in" / "d",
-        "metrics-20260421T100010Z.prom",
-        f"# TYPE {COUNTER} counter\n{COUNTER} 1".encode(),
-    )
+@pytest.mark.parametrize(
+    ("name", "text", "fmt"),
+    [
+        ("metrics-20260421T100010Z.prom", f"# TYPE {COUNTER} counter\n{COUNTER} 1", "prometheus"),
+        ("config.json", '{\n  "architectures": ["LlamaForCausalLM"], "model_type": "llama"}', "model_config"),
+    ],
+)
+def test_a_two_line_object_without_its_last_newline_is_told_by_that_line(tmp_path, name, text, fmt):
+    put(tmp_path / "in" / "d", name, text.encode())
     summary = ingest([tmp_path / "in"], tmp_path / "store")
-    assert summary.by_format == {"prometheus": 1} and summary.rows.get("prom_samples") == 1
+    assert summary.by_format == {fmt: 1}
 
 
 # --- config.json --------------------------------------------------------------------------
@@ -730,7 +743,11 @@ def config_object(draw: st.DrawFn) -> tuple[bytes, bool]:
     if mutation == "crlf":
         return text.replace(b"\n", b"\r\n"), True
     if mutation == "truncate":
-        return text[: draw(st.integers(after, len(text) - 1))], False
+        # Detection reads the whole lines of the first chunk (the xfail test above): cut
+        # on the line that names the architectures, a config of several lines is not seen
+        # as one. Here the cut falls after that line's end.
+        line_end = text.find(b"\n", after)
+        return text[: draw(st.integers(after if line_end < 0 else line_end + 1, len(text) - 1))], False
     if mutation == "bad_utf8":
         return text[:after] + draw(st.sampled_from(BAD_UTF8)) + text[after:], False
     if mutation == "nul":  # a raw control character in a string is no JSON
