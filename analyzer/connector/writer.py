@@ -240,8 +240,3 @@ class TraceWriter:
 
 def _same(record: dict) -> dict:
     return record
-
-
-def now() -> float:
-    """Epoch seconds (the trace's clock)."""
-    return time.time()
