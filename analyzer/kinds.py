@@ -1,30 +1,20 @@
 """The finding kinds: the contract's (CONTRACT §6), and the ones this project adds.
 
-In one place for the analyzer, the simulator, the report and ``--fail-on``.
+Named for the analyzer, the simulator, the report and ``--fail-on``; declared, with their
+severities and rules, in the registry (``hybridtrace.analyze.rules``).
 """
 
-KINDS = (
-    "padding_leak",
-    "staging_copy",
-    "useless_boundary",
-    "slow_rank",
-    "descriptor_bound",
-    "kv_expired",
-    "transfer_failed",
-    "unsharded_state",
-    "config_mismatch",
-    "recompute_cheaper",
-)
+from hybridtrace.analyze.rules import ALL_KINDS, CONTRACT_KINDS, NATIVE_KINDS, VERIFY_KINDS
 
+KINDS = CONTRACT_KINDS
 # Added by this project, from native metrics (engine scope): block rounding hides the
 # padding, and intervals no reading of the byte model explains.
-EXTRA_KINDS = ("padding_undecidable", "native_unexplained")
-# Added by this project, from `hybridtrace verify` results: the simulator has no outputs to
-# compare, so this kind is not among the injectable ones.
-VERIFY_KINDS = ("output_mismatch",)
-# Kinds with a rule of their own, finding_<kind>: the analyzer runs each.
+EXTRA_KINDS = NATIVE_KINDS
+# VERIFY_KINDS: added by this project, from `hybridtrace verify` results: the simulator has
+# no outputs to compare, so they are not among the injectable ones.
+# Kinds with a rule of their own, finding_<kind>, among those of the contract and verify.
 RULED_KINDS = KINDS + VERIFY_KINDS
-ALL_KINDS = KINDS + EXTRA_KINDS + VERIFY_KINDS
+__all__ = ["ALL_KINDS", "EXTRA_KINDS", "KINDS", "RULED_KINDS", "VERIFY_KINDS", "parse_kinds"]
 
 
 def parse_kinds(text: str, where: str) -> set[str]:

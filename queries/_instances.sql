@@ -1,4 +1,5 @@
 -- _instance_engines: which engine an instance folder belongs to.
+-- include:
 --
 -- Prometheus scrapes carry no NIXL engine id, only the folder they were found in (and
 -- vLLM's engine index label). A vLLM log found in the same folder names the engine; when

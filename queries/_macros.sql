@@ -1,4 +1,5 @@
 -- _macros: helpers shared by the query modules.
+-- include:
 --
 -- _t(name): the value of a finding threshold from the _thresholds table (created by the
 -- analyzer from its defaults and hybridtrace.toml before the views are installed).

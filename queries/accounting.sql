@@ -1,4 +1,5 @@
 -- accounting: the four byte counts of every NIXL read, and their sums per request.
+-- include: _macros
 --
 -- For one read (one decode rank's read from one prefill rank), with B and S the
 -- decode engine's per-rank byte model (engine_models), T the request's transferred
@@ -24,22 +25,6 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
              x.bytes FOR x IN json_transform(groups, '[{"kind": "VARCHAR", "bytes": "BIGINT"}]')
              IF (x.kind = 'mamba') = state]), 0) END;
 
--- transfer_bytes: one row per read with a sized engine and a matching request.
---
--- Columns:
---   engine_id, request_id, rank, remote_engine_id, remote_rank, ts, status   the read
---   transferred_tokens (T), state_blocks (J), share                           the inputs
---   logical_bytes, expected_bytes, reserved_bytes, transported_bytes         the four counts
---   logical_attention_bytes, logical_state_bytes                             logical by cache type
---   expected_attention_bytes, expected_state_bytes                           expected by cache type
---   reserved_state_bytes                                                     padded state pages
---   attention_transported_bytes, state_transported_bytes   the read's bytes by cache type (summed over its
---                                                          groups: mamba groups are state); null without groups
---   block_rounding_bytes   expected − logical
---   excess_bytes           transported − expected (positive: more than a correct connector moves)
---   padding_gap_bytes      reserved − expected: what sending padded state pages would add
---   padding_layers_bytes   the padding layers' state pages: what sending them as well would add
---   staging_bytes          host-buffer copies the connector reported beside the read (0 if none)
 -- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request; null
 -- for a TP size below 1 (ingest rejects those; an older store may hold them).
 CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS
@@ -76,6 +61,34 @@ SELECT
 FROM requests r
 JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
 
+-- transfer_bytes: one row per read with a sized engine and a matching request.
+--
+-- @column engine_id                    decode engine
+-- @column request_id                   decode-side request id
+-- @column rank                         decode TP rank that read
+-- @column remote_engine_id             prefill engine read from
+-- @column remote_rank                  prefill TP rank read from
+-- @column ts                           when the read completed (epoch s)
+-- @column status                       'ok', 'failed' or 'expired'
+-- @column transferred_tokens           T: the request's transferred tokens
+-- @column state_blocks                 J: state blocks read (1 when the request does not say)
+-- @column share                        reads the decode rank makes of the request
+-- @column logical_bytes                the information that had to move
+-- @column expected_bytes               what a correct connector moves (attention as whole blocks)
+-- @column reserved_bytes               what the allocator holds (state as padded pages)
+-- @column transported_bytes            what NIXL reported
+-- @column logical_attention_bytes      logical bytes of attention
+-- @column logical_state_bytes          logical bytes of recurrent state
+-- @column expected_attention_bytes     expected bytes of attention
+-- @column expected_state_bytes         expected bytes of recurrent state (= logical)
+-- @column reserved_state_bytes         the state as padded pages
+-- @column attention_transported_bytes  the read's bytes of attention groups; null without groups
+-- @column state_transported_bytes      the read's bytes of state (mamba) groups; null without groups
+-- @column block_rounding_bytes         expected − logical
+-- @column excess_bytes                 transported − expected (positive: more than a correct connector moves)
+-- @column padding_gap_bytes            reserved − expected: what sending padded state pages would add
+-- @column padding_layers_bytes         the padding layers' state pages: what sending them as well would add
+-- @column staging_bytes                host-buffer copies the connector reported beside the read (0 if none)
 CREATE OR REPLACE VIEW transfer_bytes AS
 WITH base AS (
     SELECT
@@ -154,11 +167,18 @@ FROM transfer_bytes;
 -- failed or expired read moved nothing it had to, so it counts in `reads` only.
 --
 -- Ratios are ratios of sums over the request's reads, not means of per-read ratios.
--- Columns:
---   engine_id, request_id, reads, ranks
---   logical_bytes, expected_bytes, reserved_bytes, transported_bytes   sums over the reads
---   transported_over_expected, transported_over_logical                ratios of those sums
---   excess_bytes                                                       transported − expected
+--
+-- @column engine_id                  decode engine
+-- @column request_id                 decode-side request id
+-- @column reads                      all its reads, whatever their status
+-- @column ranks                      distinct decode ranks that read
+-- @column logical_bytes              summed over the successful reads
+-- @column expected_bytes             summed over the successful reads
+-- @column reserved_bytes             summed over the successful reads
+-- @column transported_bytes          summed over the successful reads
+-- @column transported_over_expected  transported / expected (ratio of the sums)
+-- @column transported_over_logical   transported / logical (ratio of the sums)
+-- @column excess_bytes               transported − expected over the successful reads
 CREATE OR REPLACE VIEW request_bytes AS
 SELECT
     engine_id, request_id,

@@ -1,4 +1,5 @@
 -- findings_engines: rank- and engine-pair-scoped finding rules (columns as in findings_requests).
+-- include: _macros, handoffs
 
 -- _rank_windows: each decode rank's median effective bandwidth per time window, beside the
 -- median of its peers (the other ranks of the same engine in the same window). All ranks
@@ -55,8 +56,7 @@ LEFT JOIN critical c USING (engine_id, rank)
 JOIN requests_per_engine q USING (engine_id)
 WHERE j.windows > 0 AND j.slow_windows >= _t('slow_rank_windows') * j.windows;
 
--- finding_config_mismatch: a prefill/decode pair that exchanges KV disagrees on what a
--- direct transfer needs, or a handshake failed on a compatibility hash.
+-- _engine_settings: each engine's settings as finding_config_mismatch compares them.
 --
 -- Settings come from the engines' own records (trace `engine` records, log lines) and,
 -- for dtypes, from the byte model that resolves `auto` the way vLLM does, so `auto`
@@ -113,6 +113,9 @@ WHERE NOT EXISTS (
     WHERE (k.engine_id = h.engine_id AND (h.remote_engine_id IS NULL OR k.remote_engine_id = h.remote_engine_id))
        OR (k.remote_engine_id = h.engine_id AND k.engine_id = h.remote_engine_id));
 
+-- finding_config_mismatch: a prefill/decode pair that exchanges KV disagrees on what a
+-- direct transfer needs (settings as _engine_settings resolves them), or a handshake
+-- failed on a compatibility hash.
 CREATE OR REPLACE VIEW finding_config_mismatch AS
 WITH pairs AS (SELECT * FROM _config_pairs),
 -- a mismatch belongs to a pair when the decode engine logged it (naming that prefill

@@ -1,8 +1,8 @@
 -- findings_requests: request-scoped finding rules over the connector trace and the logs.
+-- include: _macros, accounting, handoffs
 --
--- Every finding view has the same columns, those of `analyze --format json`:
---   kind, severity, engine_id, rank, request_id, remote_engine_id, start_ts, end_ts,
---   message (one line a person can act on), evidence (JSON text with the numbers).
+-- Every finding view has the same ten columns, those of `analyze --format json`
+-- (hybridtrace.analyze.rules.FINDING_COLUMNS; docs/views.md lists them).
 -- Thresholds come from _thresholds (defaults in hybridtrace.analyze.thresholds, overridable
 -- in hybridtrace.toml) through the _t() macro of _macros.sql.
 
@@ -61,13 +61,6 @@ WHERE state_moved_bytes >= _t('unsharded_factor') * expected_state_bytes
   AND abs(excess_bytes - coalesce(staging_bytes, 0)) > _t('excess_min_bytes')
 GROUP BY engine_id, request_id, rank;
 
--- finding_staging_copy: a read went through a host staging buffer: it says so
--- (staging_bytes > 0), or either engine registered its KV cache in host memory
--- (kv_buffer_device cpu in the trace, or the log's host-buffer line), or it moved more
--- than even the padded pages explain: beyond every page the allocator holds for it, the
--- padding layers' included, by more than excess_min_bytes, and not as recurrent state
--- (that excess is unsharded_state's).
---
 -- _host_buffer_engines: an engine staged by any of its records (one per rank, or a log):
 -- one says use_host_buffer, or one says kv_buffer_device cpu and no trace record says
 -- use_host_buffer false. On a CPU platform the cache itself sits in host memory and vLLM
@@ -99,6 +92,12 @@ WHERE (engine_id, request_id) IN (SELECT (engine_id, request_id) FROM requests W
       < _t('unsharded_factor') * expected_state_bytes
   AND coalesce(staging_bytes, 0) = 0;
 
+-- finding_staging_copy: a read went through a host staging buffer: it says so
+-- (staging_bytes > 0), or either engine registered its KV cache in host memory
+-- (kv_buffer_device cpu in the trace, or the log's host-buffer line), or it moved more
+-- than even the padded pages explain: beyond every page the allocator holds for it, the
+-- padding layers' included, by more than excess_min_bytes, and not as recurrent state
+-- (that excess is unsharded_state's).
 CREATE OR REPLACE VIEW finding_staging_copy AS
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,

@@ -1,5 +1,6 @@
 -- findings_verify: the finding rule over `hybridtrace verify` results (columns as in
 -- findings_requests).
+-- include: verifications
 
 -- finding_output_mismatch: a prompt's greedy output from the P/D deployment parted from
 -- the colocated control's, and not at a near tie: the decoder resumed from state that

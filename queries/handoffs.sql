@@ -1,5 +1,6 @@
 -- handoffs: each request's handoff as one row — tokens, critical path, prefill time — and
 -- transfer against recompute per missing-prefix bucket.
+-- include: _macros
 
 -- _peak_prefill_rate: the highest prompt throughput a decode engine logged (tokens/s).
 -- `Engine NNN:` lines average over 10 s, so they measure load, not capacity: the peak is
@@ -40,23 +41,31 @@ GROUP BY engine_id, request_id;
 
 -- handoffs: one row per request with reads.
 --
--- Columns:
---   engine_id, request_id, remote_engine_id, status        the request
---   missing_tokens, transferred_tokens, reused_tokens,
---   recomputed_tokens, boundary_tokens, state_blocks       tokens (the usable boundary is
---                                                          boundary_tokens; reused = what
---                                                          it saved)
---   reads, ranks                                           NIXL reads and decode ranks
---   critical_path_s     the slowest successful read, post to completion (X)
---   slowest_rank        the rank that read it
---   critical_bytes      bytes of that read
---   aggregate_bytes     bytes of all successful reads (capacity, not latency)
---   prefill_s           R: measured destination prefill time when the trace has it, else
---                       missing_tokens / the configured prefill rate (threshold
---                       prefill_tokens_per_s, when set), else / the engine's peak logged
---                       prompt throughput
---   prefill_source      'measured', 'configured', 'estimated' or null (no way to know)
---   transfer_minus_prefill_s   X − R (positive: recomputing would have been faster)
+-- The usable boundary is boundary_tokens; reused_tokens is what it saved. X is the critical
+-- path, R the prefill time.
+--
+-- @column engine_id                 decode engine
+-- @column request_id                decode-side request id
+-- @column remote_engine_id          prefill engine
+-- @column status                    the request record's status
+-- @column missing_tokens            prompt tokens the decoder did not hold
+-- @column transferred_tokens        tokens whose KV crossed
+-- @column reused_tokens             transferred tokens the decoder resumed from
+-- @column recomputed_tokens         tokens the decoder prefilled itself
+-- @column boundary_tokens           prefix length the recurrent state snapshot stands for
+-- @column state_blocks              state blocks read
+-- @column reads                     NIXL reads of the request
+-- @column ranks                     decode ranks that read
+-- @column critical_path_s           X: the slowest successful read, post to completion
+-- @column slowest_rank              the rank that read it
+-- @column critical_bytes            bytes of that read
+-- @column aggregate_bytes           bytes of all successful reads (capacity, not latency)
+-- @column prefill_s                 R: measured destination prefill time when the trace has it, else
+--                                   missing_tokens / the configured prefill rate (threshold
+--                                   prefill_tokens_per_s, when set), else / the engine's peak logged
+--                                   prompt throughput
+-- @column prefill_source            'measured', 'configured', 'estimated' or null (no way to know)
+-- @column transfer_minus_prefill_s  X − R (positive: recomputing would have been faster)
 CREATE OR REPLACE VIEW handoffs AS
 SELECT
     r.engine_id, r.request_id, r.remote_engine_id, r.status,
@@ -76,14 +85,20 @@ LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id;
 -- transfer_vs_recompute: X against R per missing-prefix bucket, at the bucket's p50, p95
 -- and maximum (an average would route tail requests into a saturated link).
 --
--- Columns:
---   engine_id, bucket          the decode engine; bucket = power-of-four band of missing tokens
---   requests                   handoffs in the bucket with both X and R
---   missing_p50/p95/max        missing-prefix length quantiles
---   transfer_p50_s/p95_s/max_s X: critical-path quantiles
---   prefill_p50_s/p95_s/max_s  R: prefill-time quantiles
---   transfer_slower_share      share of the bucket's requests where X > R
---   prefill_source             'measured', 'estimated' or 'mixed'
+-- @column engine_id              decode engine
+-- @column bucket                 power-of-four band of missing tokens ('<256', '256-1K', … '>=16K')
+-- @column requests               handoffs in the bucket with both X and R
+-- @column missing_p50            median missing-prefix length
+-- @column missing_p95            95th percentile of the missing-prefix length
+-- @column missing_max            longest missing prefix
+-- @column transfer_p50_s         X: median critical path
+-- @column transfer_p95_s         X: 95th percentile
+-- @column transfer_max_s         X: the longest
+-- @column prefill_p50_s          R: median prefill time
+-- @column prefill_p95_s          R: 95th percentile
+-- @column prefill_max_s          R: the longest
+-- @column transfer_slower_share  share of the bucket's requests where X > R
+-- @column prefill_source         'measured', 'configured', 'estimated' or 'mixed'
 CREATE OR REPLACE VIEW transfer_vs_recompute AS
 SELECT
     engine_id,
@@ -111,12 +126,13 @@ ORDER BY engine_id, min(missing_tokens);
 
 -- route_bandwidth: effective bandwidth per engine pair and route, so a topology change shows.
 --
--- Columns:
---   engine_id, remote_engine_id, link   decode engine, prefill engine, route
---   reads                               successful reads
---   effective_gb_s                      sum of bytes / sum of transfer time (ratio of sums), GB/s
---   post_share                          sum of post time / sum of transfer time
---   bytes_per_descriptor                sum of bytes / sum of descriptors
+-- @column engine_id             decode engine
+-- @column remote_engine_id      prefill engine
+-- @column link                  route of the reads (null when the trace does not say)
+-- @column reads                 successful reads
+-- @column effective_gb_s        sum of bytes / sum of transfer time (ratio of sums), GB/s
+-- @column post_share            sum of post time / sum of transfer time
+-- @column bytes_per_descriptor  sum of bytes / sum of descriptors
 CREATE OR REPLACE VIEW route_bandwidth AS
 SELECT
     engine_id, remote_engine_id, link,

@@ -1,4 +1,5 @@
 -- intervals: one row per `KV Transfer metrics` log line or per Prometheus scrape delta.
+-- include: _instances
 --
 -- Log rows come as parsed (_intervals_log). Scrape rows are differences between two
 -- consecutive scrapes of the same series: vLLM's NIXL histograms and counters are
@@ -7,7 +8,7 @@
 -- before means the process restarted (a counter reset): the new value is the delta.
 -- The first scrape of a series has nothing to subtract from and yields no row.
 --
--- Columns (as documented in docs/tables.md for `intervals`):
+-- What each column of the `intervals` table (docs/tables.md) holds here:
 --   start_ts, end_ts       the interval (previous scrape or log line → this one), epoch s
 --   engine_id              engine, resolved through _instance_engines for scrapes
 --   source_kind            'log' or 'prometheus'
@@ -24,6 +25,7 @@
 --   failed_transfers       failed transfers in the interval (scrapes; logs when printed)
 --   expired_requests       KV-expired requests in the interval (scrapes; logs when printed)
 --   line_hash              hash of the log line's text (null for scrapes): tells lines of one second apart
+
 -- prom_deltas: every kept Prometheus series as per-scrape differences.
 --
 -- One row per series and scrape after its first: vLLM's vllm:nixl_* and
@@ -40,12 +42,19 @@
 -- job, namespace, container, node), as "pod=…,instance=…"; empty for a server's own
 -- /metrics, whose series carry none of them.
 --
--- Columns:
---   instance, target                                       the folder, the scraped server
---   engine_label, model_name, metric, labels, le           the series
---   ts, prev_ts                                            this scrape and the one before
---   delta                                                  growth since prev_ts
---   source_id, line_number, day                            provenance of this scrape's sample
+-- @column instance      path of the folder the scrape was found in
+-- @column target        the scraped server of a federated scrape ("pod=…,instance=…"); empty otherwise
+-- @column engine_label  vLLM's engine index label
+-- @column model_name    the model_name label
+-- @column metric        metric name
+-- @column labels        the series' other labels, as JSON text
+-- @column le            histogram bucket bound (null for other series)
+-- @column ts            this scrape's time, epoch s
+-- @column prev_ts       the series' scrape before it
+-- @column delta         growth since prev_ts (the new value after a reset)
+-- @column source_id     the scrape's source (sources.source_id)
+-- @column line_number   line of this scrape's sample
+-- @column day           UTC day of ts
 CREATE OR REPLACE VIEW prom_deltas AS
 WITH targeted AS (
     SELECT *,
@@ -150,9 +159,14 @@ LEFT JOIN _prom_p90 p
  AND p.engine_label IS NOT DISTINCT FROM s.engine_label
  AND p.model_name IS NOT DISTINCT FROM s.model_name AND p.family = 'vllm:nixl_post_time_seconds';
 
+-- intervals: the log's intervals and the scrapes' deltas, as the `intervals` table
+-- (docs/tables.md) describes them.
+--
 -- A log interval starts where the engine process's previous line (for the same engine
 -- index) ended, whichever file (a rotated part, an earlier read) that line came from.
 -- Lines of one second follow each other in the order they were written.
+--
+-- @columns-of intervals
 CREATE OR REPLACE VIEW intervals AS
 SELECT * REPLACE (
     coalesce(lag(end_ts) OVER (PARTITION BY engine_id, process, engine_index ORDER BY end_ts, line_number),

@@ -1,4 +1,5 @@
 -- native_bytes: what the native metrics (no connector trace) can say about padding.
+-- include: intervals
 --
 -- An interval reports n successful reads and their bytes: exactly from Prometheus (the
 -- growth of vllm:nixl_bytes_transferred_sum), or from the log's `Avg MB per transfer`,
@@ -28,22 +29,29 @@ CREATE OR REPLACE MACRO _block_offset(x, p) AS
 -- is a multiple of P. One value explains the interval; several mean the data cannot tell
 -- them apart; none means something else moved.
 --
--- Columns:
---   engine_id, source_kind, start_ts, end_ts, transfers     the interval
---   total_bytes        bytes the interval reports (exact for Prometheus, estimated for logs)
---   tolerance_bytes    how far the log's rounding can put total_bytes off (0 for Prometheus)
---   block_bytes        P: one attention block of one rank (block_tokens × B)
---   state_bytes        S; padded_state_bytes: S as padded pages
---   padding_layers_bytes  L: the padding layers' pages of one state snapshot (0 without)
---   clean_off_bytes    distance of total − n·S from the nearest multiple of P
---   padded_off_bytes   distance of total − n·S_padded from the nearest multiple of P
---   layers_off_bytes   distance of total − n·(S_padded + L) from it (null without padding layers)
---   with_padding_layers  the padded reading that fits includes the padding layers' pages
---   padded_reads       reads that sent padded state: 0, n, the one partial m that fits, or
---                      null when the data cannot say
---   fitting_counts     how many partial values of m fit when all-or-nothing does not
---   verdict            'unpadded', 'padded' (every read), 'partly padded', 'undecidable'
---                      or 'unexplained'
+-- @column engine_id             engine of the interval
+-- @column source_kind           'log' or 'prometheus'
+-- @column start_ts              interval start, epoch s
+-- @column end_ts                interval end, epoch s
+-- @column transfers             n: successful reads in the interval
+-- @column total_bytes           bytes the interval reports (exact for Prometheus, estimated for logs)
+-- @column tolerance_bytes       how far the log's rounding can put total_bytes off (0 for Prometheus)
+-- @column block_bytes           P: one attention block of one rank (block_tokens × B)
+-- @column state_bytes           S: one state snapshot of one rank, unpadded
+-- @column padded_state_bytes    S as padded pages
+-- @column padding_layers_bytes  L: the padding layers' pages of one state snapshot (0 without)
+-- @column clean_off_bytes       distance of total − n·S from the nearest multiple of P
+-- @column padded_off_bytes      distance of total − n·S_padded from the nearest multiple of P
+-- @column layers_off_bytes      distance of total − n·(S_padded + L) from it (null without padding layers)
+-- @column clean_fit             the unpadded reading fits (clean_off_bytes within the tolerance)
+-- @column padded_fit            the padded reading fits
+-- @column fitting               the partial counts m that fit, when all-or-nothing does not
+-- @column fitting_counts        how many partial values of m fit
+-- @column with_padding_layers   the padded reading that fits includes the padding layers' pages
+-- @column padded_reads          reads that sent padded state: 0, n, the one partial m that fits, or
+--                               null when the data cannot say
+-- @column verdict               'unpadded', 'padded' (every read), 'partly padded', 'undecidable'
+--                               or 'unexplained'
 CREATE OR REPLACE VIEW interval_bytes AS
 WITH sized AS (
     -- a key of its own: the first log interval has no start, and NULL never joins

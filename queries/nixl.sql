@@ -1,22 +1,22 @@
 -- nixl_transfer_ranks: NIXL's own transfers (from its telemetry rings) beside the engine and
 -- rank whose NIXL agent posted them.
+-- include:
 --
 -- A ring is named after its agent, and vLLM names agents with random UUIDs; the connector's
 -- engine records carry each process's agent name (engines.agent_name), which is what maps a
 -- ring to an engine and TP rank. An agent no engine record names stays visible, unmapped.
 --
--- Columns:
---   agent               NIXL agent name (the ring file's name)
---   engine_id           engine whose process owns the agent; null when no record names it
---   rank                that process's TP rank; null when unmapped
---   mapped              true when an engine record names the agent
---   direction           read (the agent pulled) or write
---   post_us             NIXL's post time, µs
---   xfer_us             NIXL's transfer time (post start to observed completion), µs
---   transported_bytes   bytes of the transfer
---   effective_gb_s      transported_bytes / xfer_us / 1e3 (decimal GB/s); null with no time
---   seq                 the transfer's place in its ring snapshot
---   snapshot_id         the read of the ring it was first seen in
+-- @column agent               NIXL agent name (the ring file's name)
+-- @column engine_id           engine whose process owns the agent; null when no record names it
+-- @column rank                that process's TP rank; null when unmapped
+-- @column mapped              true when an engine record names the agent
+-- @column direction           read (the agent pulled) or write
+-- @column post_us             NIXL's post time, µs
+-- @column xfer_us             NIXL's transfer time (post start to observed completion), µs
+-- @column transported_bytes   bytes of the transfer
+-- @column effective_gb_s      transported_bytes / xfer_us / 1e3 (decimal GB/s); null with no time
+-- @column seq                 the transfer's place in its ring snapshot
+-- @column snapshot_id         the read of the ring it was first seen in
 CREATE OR REPLACE VIEW nixl_transfer_ranks AS
 WITH agents AS (
     SELECT agent_name, arg_max(engine_id, coalesce(ts, 0)) AS engine_id, arg_max(rank, coalesce(ts, 0)) AS rank

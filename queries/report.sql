@@ -1,4 +1,5 @@
 -- report: the data behind each chart of `hybridtrace report`, shaped, never recounted.
+-- include: _macros, accounting, findings_engines, findings_requests, handoffs, intervals
 --
 -- Every view here reads the accounting and findings views and only aggregates or
 -- samples them, so that a store of a million requests still makes a page of a few MB.
@@ -21,14 +22,13 @@ QUALIFY row_number() OVER (ORDER BY excess_bytes DESC, request_id) <= 12
 
 -- report_request_cache_bytes: bytes by cache type per sampled request, for each count.
 --
--- Columns:
---   engine_id, request_id   the request (decode side)
---   excess_bytes            transported − expected over the request's reads (the sort key)
---   measure                 'logical', 'expected', 'reserved' or 'transported'
---   cache                   'attention' or 'state'; transported bytes are 'unattributed'
---                           when the trace's reads carry no groups, and 'other' holds what
---                           the groups do not cover
---   bytes                   summed over the request's successful reads (all ranks)
+-- @column engine_id     decode engine
+-- @column request_id    decode-side request id
+-- @column excess_bytes  transported − expected over the request's reads (the sort key)
+-- @column measure       'logical', 'expected', 'reserved' or 'transported'
+-- @column cache         'attention' or 'state'; transported bytes are 'unattributed' when the
+--                       trace's reads carry no groups, and 'other' holds what the groups do not cover
+-- @column bytes         summed over the request's successful reads (all ranks)
 CREATE OR REPLACE VIEW report_request_cache_bytes AS
 WITH per AS (
     SELECT b.engine_id, b.request_id, any_value(p.excess_bytes) AS excess_bytes,
@@ -66,13 +66,18 @@ WHERE bytes IS NOT NULL AND bytes <> 0;
 -- descriptor scatter plots. Every read has its timing and descriptors; the byte counts
 -- are null where no byte model sizes the engine (the payload plot then has no points).
 --
--- Columns:
---   engine_id, request_id, rank           the read
---   transferred_tokens, state_blocks      T and J of its request (null without a sized model)
---   transported_bytes, expected_bytes     what NIXL reported, what a correct connector moves
---   excess_bytes                          transported − expected
---   descriptors, post_ms, xfer_ms         descriptor count, post and transfer time in ms
---   post_share                            post_s / xfer_s
+-- @column engine_id           decode engine
+-- @column request_id          decode-side request id
+-- @column rank                decode TP rank
+-- @column transferred_tokens  T of its request (null without a sized model)
+-- @column state_blocks        J of its request (null without a sized model)
+-- @column transported_bytes   what NIXL reported
+-- @column expected_bytes      what a correct connector moves
+-- @column excess_bytes        transported − expected
+-- @column descriptors         descriptors of the read
+-- @column post_ms             post time, ms
+-- @column xfer_ms             transfer time, ms
+-- @column post_share          post_s / xfer_s
 CREATE OR REPLACE VIEW report_reads AS
 SELECT t.engine_id, t.request_id, t.rank, b.transferred_tokens, b.state_blocks,
        t.transported_bytes, b.expected_bytes, b.excess_bytes,
@@ -93,13 +98,12 @@ ORDER BY hash(t.engine_id, t.request_id, t.rank, t.remote_rank), t.request_id;
 -- decode rank makes per request, more than one when the prefill engine has more ranks),
 -- so the lines are drawn per read, at the engine's most common share.
 --
--- Columns:
---   engine_id            decode engine
---   tokens               T
---   logical_bytes        (B·T + S) / share
---   expected_bytes       (ceil(T / block)·block·B + S) / share
---   crossover_tokens     S / B (null for a model without attention)
---   share                reads per decode rank and request the lines are drawn for
+-- @column engine_id         decode engine
+-- @column tokens            T
+-- @column logical_bytes     (B·T + S) / share
+-- @column expected_bytes    (ceil(T / block)·block·B + S) / share
+-- @column crossover_tokens  S / B (null for a model without attention)
+-- @column share             reads per decode rank and request the lines are drawn for
 CREATE OR REPLACE VIEW report_model_lines AS
 WITH span AS (
     SELECT engine_id, max(transferred_tokens) AS max_tokens, mode(share) AS share
@@ -119,12 +123,14 @@ WHERE m.error IS NULL AND s.share >= 1;
 
 -- report_ranks: completion time and effective bandwidth of every decode rank.
 --
--- Columns:
---   engine_id, rank                       the decode rank
---   reads                                 successful reads
---   p50_xfer_ms, p90_xfer_ms, max_xfer_ms completion time of one read (post to observed end)
---   effective_gb_s                        bytes / transfer time over its reads (ratio of sums)
---   slow                                  true when finding_slow_rank names the rank
+-- @column engine_id       decode engine
+-- @column rank            decode TP rank
+-- @column reads           successful reads
+-- @column p50_xfer_ms     median completion time of one read (post to observed end)
+-- @column p90_xfer_ms     90th percentile of it
+-- @column max_xfer_ms     the slowest read
+-- @column effective_gb_s  bytes / transfer time over its reads (ratio of sums)
+-- @column slow            true when finding_slow_rank names the rank
 CREATE OR REPLACE VIEW report_ranks AS
 SELECT t.engine_id, t.rank, count(*) AS reads,
        quantile_cont(t.xfer_s, 0.5) * 1e3 AS p50_xfer_ms,
@@ -141,13 +147,14 @@ ORDER BY t.engine_id, t.rank;
 -- report_recompute: transfer_vs_recompute in long form (one row per bucket, statistic
 -- and side) for a line chart.
 --
--- Columns:
---   engine_id, bucket, requests   as in transfer_vs_recompute
---   bucket_order                  sort key: the bucket's smallest missing prefix
---   statistic                     'p50', 'p95' or 'max'
---   side                          'transfer (X)' or 'recompute (R)'
---   seconds                       the value
---   prefill_source                'measured', 'configured', 'estimated' or 'mixed'
+-- @column engine_id       decode engine
+-- @column bucket          as in transfer_vs_recompute
+-- @column requests        as in transfer_vs_recompute
+-- @column bucket_order    sort key: the bucket's median missing prefix
+-- @column prefill_source  'measured', 'configured', 'estimated' or 'mixed'
+-- @column statistic       'p50', 'p95' or 'max'
+-- @column side            'transfer (X)' or 'recompute (R)'
+-- @column seconds         the value
 CREATE OR REPLACE VIEW report_recompute AS
 SELECT engine_id, bucket, requests, missing_p50 AS bucket_order, prefill_source,
        unnest([
@@ -163,13 +170,14 @@ FROM transfer_vs_recompute;
 -- report_intervals: the native-metrics timeline, at most 400 points per engine and
 -- source: intervals are merged into equal time bins when there are more.
 --
--- Columns:
---   engine_id, source_kind        the series
---   end_ts                        end of the bin (epoch s)
---   transfers                     successful transfers in the bin
---   throughput_mib_s              MiB per second of transfer time (weighted by transfers)
---   mib_per_transfer              MiB per transfer (weighted by transfers)
---   failed_transfers, expired_requests   counts in the bin (null when not reported)
+-- @column engine_id          engine of the series
+-- @column source_kind        'log' or 'prometheus'
+-- @column end_ts             end of the bin (epoch s)
+-- @column transfers          successful transfers in the bin
+-- @column throughput_mib_s   MiB per second of transfer time (weighted by transfers)
+-- @column mib_per_transfer   MiB per transfer (weighted by transfers)
+-- @column failed_transfers   failed transfers in the bin (null when not reported)
+-- @column expired_requests   expired requests in the bin (null when not reported)
 CREATE OR REPLACE VIEW report_intervals AS
 WITH span AS (
     SELECT engine_id, source_kind, min(end_ts) AS t0, max(end_ts) AS t1, count(*) AS n
@@ -192,14 +200,18 @@ ORDER BY 1, 2, 3;
 -- report_engines: each engine's configuration as its records and byte model say; an engine
 -- only its reads or metrics name has a row too, with what is known.
 --
--- Columns:
---   engine_id, role, model, tp_size           who it is
---   kv_cache_dtype, mamba_ssm_cache_dtype     cache dtypes (as logged or traced; else the model's)
---   kv_layout, mamba_cache_mode               layout and Mamba prefix-caching mode
---   block_tokens                              attention block size (logged, else the model's)
---   mamba_padding_pct                         allocator padding of the state page (percent)
---   host_staging                              true when the KV cache sits in a host buffer
---   vllm_version                              when a record says
+-- @column engine_id              the engine
+-- @column role                   'prefill' or 'decode', when a record says
+-- @column model                  the model it serves
+-- @column tp_size                TP size
+-- @column kv_cache_dtype         KV cache dtype (as logged or traced; else the model's)
+-- @column mamba_ssm_cache_dtype  SSM state dtype (as logged or traced; else the model's)
+-- @column kv_layout              KV layout
+-- @column mamba_cache_mode       Mamba prefix-caching mode
+-- @column block_tokens           attention block size (logged, else the model's)
+-- @column mamba_padding_pct      allocator padding of the state page (percent)
+-- @column host_staging           true when the KV cache sits in a host buffer; null when no record says
+-- @column vllm_version           when a record says
 CREATE OR REPLACE VIEW report_engines AS
 WITH e AS (
     SELECT engine_id,

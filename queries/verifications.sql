@@ -1,4 +1,5 @@
 -- verifications: `hybridtrace verify` results beside the handoffs they exercised.
+-- include: findings_requests
 --
 -- A verification is keyed by the id the P/D deployment's API returned (`cmpl-…`). vLLM's
 -- engine request id is that id plus "-" and 8 random characters, and the connector writes
@@ -17,12 +18,20 @@ FROM requests WHERE regexp_matches(external_request_id, '^.+-[0-9]+$');
 -- answers to its P/D id (several decode engines never share one API id; if they did,
 -- each is a row).
 --
--- Columns: every column of `verifications`, then
---   engine_id, request_id      the decode engine and its request id (null: not in the trace)
---   remote_engine_id, remote_request_id   the prefill engine and its id
---   request_status             the request record's status
---   cached_tokens, missing_tokens, transferred_tokens, reused_tokens, recomputed_tokens,
---   boundary_tokens, state_blocks, trace_prompt_tokens   the handoff as the trace tells it
+-- @columns-of verifications
+-- @column engine_id            the decode engine (null: not in the trace)
+-- @column request_id           its request id (null: not in the trace)
+-- @column remote_engine_id     the prefill engine
+-- @column remote_request_id    the prefill engine's request id
+-- @column request_status       the request record's status
+-- @column cached_tokens        the handoff as the trace tells it: tokens the decoder held
+-- @column missing_tokens       tokens it did not
+-- @column transferred_tokens   tokens whose KV crossed
+-- @column reused_tokens        transferred tokens the decoder resumed from
+-- @column recomputed_tokens    tokens the decoder prefilled itself
+-- @column boundary_tokens      prefix length the state snapshot stands for
+-- @column state_blocks         state blocks read
+-- @column trace_prompt_tokens  the prompt's tokens as the trace counts them
 CREATE OR REPLACE VIEW verification_handoffs AS
 SELECT v.*, r.engine_id, r.request_id, r.remote_engine_id, r.remote_request_id, r.status AS request_status,
        r.cached_tokens, r.missing_tokens, r.transferred_tokens, r.reused_tokens, r.recomputed_tokens,
@@ -44,6 +53,19 @@ UNION ALL SELECT kind, engine_id, request_id FROM finding_unsharded_state
 UNION ALL SELECT kind, engine_id, request_id FROM finding_recompute_cheaper;
 
 -- verification_runs: one row per verify run: when, against what, and its outcomes.
+--
+-- @column run_id            the verify run
+-- @column started_ts        its first check, epoch s
+-- @column ended_ts          its last check, epoch s
+-- @column model             the model compared
+-- @column pd_url            the P/D deployment's URL
+-- @column control_url       the colocated control's URL
+-- @column prompts           prompts checked
+-- @column matched           outputs that matched
+-- @column near_ties         partings at a near tie
+-- @column mismatches        real partings
+-- @column errors            prompts that got no answer
+-- @column max_logprob_diff  the largest logprob difference seen
 CREATE OR REPLACE VIEW verification_runs AS
 SELECT run_id, min(ts) AS started_ts, max(ts) AS ended_ts, any_value(model) AS model,
        any_value(pd_url) AS pd_url, any_value(control_url) AS control_url, count(*) AS prompts,

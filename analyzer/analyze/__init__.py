@@ -1,8 +1,9 @@
 """The analyzer: findings from the store's views, with the inputs they rest on.
 
-Every rule is a ``finding_<kind>`` view in ``queries/``; this module runs them, counts the
-inputs each could see, and shapes the result as ``analyze --format json`` prints it. It
-computes nothing itself: byte counts and verdicts live in SQL.
+Every rule is a ``finding_<name>`` view in ``queries/``, declared in the registry
+(``rules.py``); this module runs them, counts the inputs each could see, and shapes the
+result as ``analyze --format json`` prints it. It computes nothing itself: byte counts and
+verdicts live in SQL.
 """
 
 from __future__ import annotations
@@ -15,49 +16,22 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
+from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
+from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
-from hybridtrace.kinds import KINDS, RULED_KINDS, VERIFY_KINDS
 
 __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
-_NATIVE_INTERVALS = (
-    "SELECT count(*) FROM interval_bytes WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)"
-)
 _TRACE_DROPPED = (
     "SELECT coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)), 0) "
     "FROM log_events WHERE kind = 'trace_dropped'"
 )
-# Views beside the one-per-kind rules: native metrics judged per engine and interval.
-NATIVE_VIEWS = ("finding_native_padding", "finding_native_unexplained", "finding_native_counters")
-
-# What each rule looks at, counted so that a rule that saw nothing says so.
-RULE_INPUTS = {
-    # a read whose request does not give T has no byte counts: the rules cannot see it
-    "padding_leak": "SELECT reads_sized FROM _accounting_totals",
-    "unsharded_state": "SELECT reads_sized FROM _accounting_totals",
-    "staging_copy": "SELECT count(*) FROM transfers",
-    "useless_boundary": "SELECT count(*) FROM requests WHERE transferred_tokens IS NOT NULL",
-    "descriptor_bound": "SELECT count(*) FROM transfers WHERE status = 'ok'",
-    "transfer_failed": "SELECT (SELECT count(*) FROM transfers) + (SELECT count(*) FROM log_events)",
-    "kv_expired": "SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM log_events)",
-    "recompute_cheaper": "SELECT count(*) FROM handoffs WHERE prefill_s IS NOT NULL",
-    "slow_rank": "SELECT count(*) FROM _rank_windows WHERE peer_median_gb_s IS NOT NULL",
-    "config_mismatch": "SELECT count(*) FROM _config_pairs",
-    "native_padding": _NATIVE_INTERVALS,
-    "native_unexplained": _NATIVE_INTERVALS,
-    "native_counters": "SELECT count(*) FROM intervals",
-    # the outputs compared: a prompt that got no answer was not
-    "output_mismatch": "SELECT count(*) FROM verifications WHERE status <> 'error'",
-}
-# The kinds each rule can raise: a rule is named for its kind, except the native-metrics
-# rules, which judge engines and intervals and raise the kinds the trace rules raise per
-# request (so a kind can be found while the rule named for it had no input).
-RULE_KINDS = {
-    "native_padding": ("padding_leak", "padding_undecidable"),
-    "native_unexplained": ("native_unexplained",),
-    "native_counters": ("transfer_failed", "kv_expired"),
-}
+# The rules run together, and those that read the others' findings once those are in.
+_FIRST_RULES = tuple(r for r in RULES if not r.after_others)
+_LATER_RULES = tuple(r for r in RULES if r.after_others)
+# Kinds counted in findings_by_kind even when nothing raised them.
+_COUNTED_KINDS = KINDS + VERIFY_KINDS
 _INPUT_TABLES = (
     "transfers",
     "requests",
@@ -84,9 +58,7 @@ _ORDER_BY = (
     "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
     "kind, coalesce(engine_id, ''), coalesce(request_id, ''), coalesce(rank, -1)"
 )
-_COLUMNS = (
-    "kind, severity, engine_id, rank, request_id, remote_engine_id, start_ts, end_ts, message, evidence"
-)
+_COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 
 
 @contextmanager
@@ -175,22 +147,22 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
     # What the trace writers said they dropped (their `dropped` records): how incomplete the
     # trace the rules read is.
     inputs["trace_records_dropped"] = scalar(_TRACE_DROPPED)
-    # One view per kind, plus the native-metrics rules (engine/interval scope), all in one
-    # table: DuckDB runs the union in parallel, and nothing crosses into Python row by row.
-    views = [f"finding_{kind}" for kind in KINDS] + list(NATIVE_VIEWS)
+    # Every rule's view in one table: DuckDB runs the union in parallel, and nothing crosses
+    # into Python row by row.
+    views = [rule.view for rule in _FIRST_RULES]
     union = " UNION ALL BY NAME ".join(f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views)
     con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM ({union})")
     # output_mismatch names the other findings of the same handoff: it reads them from the
     # table just made rather than running their rules a second time
     with _reading(con, "_handoff_findings", "SELECT kind, engine_id, request_id FROM _findings"):
-        for kind in VERIFY_KINDS:
-            con.execute(f"INSERT INTO _findings BY NAME SELECT 'finding_{kind}' AS rule, {_COLUMNS} "
-                        f"FROM finding_{kind}")  # fmt: skip
-    views += [f"finding_{kind}" for kind in VERIFY_KINDS]
+        for rule in _LATER_RULES:
+            con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
+                        f"FROM {rule.view}")  # fmt: skip
+    views += [rule.view for rule in _LATER_RULES]
     con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM _findings ORDER BY {_ORDER_BY}")
     per_view = dict.fromkeys(views, 0)
     per_view.update(con.sql("SELECT rule, count(*) FROM _findings GROUP BY rule").fetchall())
-    by_kind = dict.fromkeys(RULED_KINDS, 0)
+    by_kind = dict.fromkeys(_COUNTED_KINDS, 0)
     by_kind.update(con.sql("SELECT kind, count(*) FROM _findings GROUP BY kind ORDER BY kind").fetchall())
     severities = dict(
         con.sql(
@@ -203,12 +175,8 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         table = table.read_all()
     con.execute("DROP TABLE _findings")
     rules = {
-        rule: {
-            "inputs": scalar(sql),
-            "findings": per_view[f"finding_{rule}"],
-            "kinds": list(RULE_KINDS.get(rule, (rule,))),
-        }
-        for rule, sql in RULE_INPUTS.items()
+        rule.name: {"inputs": scalar(rule.inputs), "findings": per_view[rule.view], "kinds": list(rule.kinds)}
+        for rule in RULES
     }
     logical, expected, reserved, transported, sized = con.sql(
         "SELECT logical_bytes, expected_bytes, reserved_bytes, transported_bytes, sized_transported_bytes "

@@ -12,10 +12,10 @@ import json
 
 import duckdb
 
+from hybridtrace.analyze.rules import request_rules
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
 from hybridtrace.errors import UsageError
-from hybridtrace.kinds import RULED_KINDS
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
@@ -121,8 +121,9 @@ def explain(
     )
     findings = []
     scoped = "request_id = ? AND " + _ON_ENGINE.format(a="")
-    for kind in RULED_KINDS:
-        hits = _rows(con, f"SELECT * FROM finding_{kind} WHERE {scoped}", [decode_id, engine_id, engine_id])
+    # the rules whose findings name a request: the others' never name this one
+    for rule in request_rules():
+        hits = _rows(con, f"SELECT * FROM {rule.view} WHERE {scoped}", [decode_id, engine_id, engine_id])
         for row in hits:
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
             findings.append(row)

@@ -1,0 +1,8 @@
+-- finding_staging_copy/copies_counted: the fault, worked out by hand.
+--
+-- As staging_copy, but NIXL's bytes count the copy too: each read reports 2 × 27,123,712.
+-- The excess is the copy, not a rank pulling other ranks' state: no unsharded_state.
+-- transported 4 × 54,247,424 = 216,989,696 > reserved 110,100,480 + the padding layers'
+-- pages 4 × 1,376,256: the copies are counted.
+SELECT kind, severity, engine_id, request_id, rank, remote_engine_id, evidence
+FROM analysis

@@ -1,0 +1,6 @@
+-- finding_staging_copy/host_copies_clean: the clean twin of host_copies: no finding of any kind.
+--
+-- The decode engine registered its KV with a host buffer: each read was also copied
+-- device↔host (staging_bytes = the payload); NIXL's bytes do not count the copy.
+-- staged 4 × 27,123,712 = 108,494,848; transported 108,494,848 ≤ reserved 110,100,480: not counted.
+SELECT kind, engine_id, request_id, rank FROM analysis

@@ -1,0 +1,7 @@
+-- finding_staging_copy/use_host_buffer_clean: the clean twin of use_host_buffer: no finding of any kind.
+--
+-- Both twins register the KV cache with kv_buffer_device cpu; the trace says whether reads
+-- go through a host staging buffer. On a CPU platform the cache is in host memory itself
+-- and vLLM stages nothing (use_host_buffer false): the device alone is no staging copy.
+-- as cpu_buffer, but the trace says use_host_buffer true; its clean twin says false
+SELECT kind, engine_id, request_id, rank FROM analysis
