@@ -87,16 +87,29 @@ def shares_a_store(case: Path) -> bool:
     }
 
 
-@pytest.fixture(scope="session")
-def shared_findings(tmp_path_factory) -> dict[Path, pa.Table]:
-    """The findings of every store-sharing case, each case's on its own engines."""
-    groups: dict[str, list[Path]] = {}
-    for case in CASES:
-        if shares_a_store(case):
-            groups.setdefault(json.dumps(_options(case), sort_keys=True), []).append(case)
-    found: dict[Path, pa.Table] = {}
-    for n, (options, cases) in enumerate(groups.items()):
-        store = tmp_path_factory.mktemp("cases") / f"store-{n}"
+class SharedStores:
+    """The findings of every store-sharing case, each case's on its own engines; a group's
+    store is ingested and analysed when the first of its cases asks."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.groups: dict[str, list[Path]] = {}
+        for case in CASES:
+            if shares_a_store(case):
+                self.groups.setdefault(json.dumps(_options(case), sort_keys=True), []).append(case)
+        self.found: dict[Path, pa.Table] = {}
+
+    def __contains__(self, case: Path) -> bool:
+        return shares_a_store(case)
+
+    def __getitem__(self, case: Path) -> pa.Table:
+        if case not in self.found:
+            self._build(json.dumps(_options(case), sort_keys=True))
+        return self.found[case]
+
+    def _build(self, options: str) -> None:
+        cases = self.groups[options]
+        store = self.root / f"store-{len(self.found)}"
         ingest([case / "inputs" for case in cases], store, **json.loads(options).get("ingest", {}))
         con = Store(store).connect()
         table = analyze(con).table
@@ -104,13 +117,18 @@ def shared_findings(tmp_path_factory) -> dict[Path, pa.Table]:
         for case in cases:
             pattern = f"%/{case.parent.name}/{case.name}/inputs/%"
             engines = {row[0] for row in con.execute(_CASE_ENGINES, [pattern]).fetchall()}
-            clash = {e: owners[e] for e in engines if e in owners}
+            clash = {e: case_id(owners[e]) for e in engines if e in owners}
             assert not clash, f"{case_id(case)} names engines of other cases: {clash}"
             owners.update(dict.fromkeys(engines, case))
-            mine = pc.or_kleene(pc.is_in(table["engine_id"], pa.array(sorted(engines), pa.string())),
-                                pc.is_in(table["remote_engine_id"], pa.array(sorted(engines), pa.string())))
-            found[case] = table.filter(pc.fill_null(mine, False))
-    return found
+            names = pa.array(sorted(engines), pa.string())
+            mine = pc.or_kleene(pc.is_in(table["engine_id"], names),
+                                pc.is_in(table["remote_engine_id"], names))  # fmt: skip
+            self.found[case] = table.filter(pc.fill_null(mine, False))
+
+
+@pytest.fixture(scope="session")
+def shared_findings(tmp_path_factory) -> SharedStores:
+    return SharedStores(tmp_path_factory.mktemp("cases"))
 
 
 # the engines a case's own files name, by the sources they were read from

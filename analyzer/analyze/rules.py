@@ -62,6 +62,9 @@ class Rule:
     basis: str = ""  # what it reads, when several rules raise one kind ('trace', 'counters', ...)
     # reads the other rules' findings (_handoff_findings): runs once they are in
     after_others: bool = False
+    # tests that exercise it beside its cases under tests/cases/finding_<name>/, as
+    # "tests/<file>.py::<test>" (a rule needs one or the other)
+    tests: tuple[str, ...] = ()
 
     @property
     def view(self) -> str:
@@ -136,10 +139,13 @@ RULES: tuple[Rule, ...] = (
     Rule("native_unexplained", "native_bytes", ("native_unexplained",), "engine",
          _NATIVE_INTERVALS, _NATIVE_DOC),
     Rule("native_counters", "native_bytes", ("transfer_failed", "kv_expired"), "engine",
-         "SELECT count(*) FROM intervals", "intervals", basis="counters"),
+         "SELECT count(*) FROM intervals", "intervals", basis="counters",
+         tests=("tests/test_native_bytes.py::test_failures_only_the_counters_saw_are_reported",)),
     # the outputs compared: a prompt that got no answer was not
     Rule("output_mismatch", "findings_verify", ("output_mismatch",), "request",
-         "SELECT count(*) FROM verifications WHERE status <> 'error'", "outputs compared", after_others=True),
+         "SELECT count(*) FROM verifications WHERE status <> 'error'", "outputs compared", after_others=True,
+         tests=("tests/test_verify.py::"
+                "test_finds_exactly_the_divergent_prompts_labels_near_ties_and_joins_their_handoffs",)),
 )  # fmt: skip
 
 KINDS_BY_NAME = {k.name: k for k in KIND_LIST}
