@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hybridtrace.analyze.rules import FINDING_COLUMNS
+from hybridtrace.analyze.rules import FINDING_COLUMNS, RULES
 from hybridtrace.queries_loader import SqlModule, sql_modules
 
 _CREATE_VIEW = re.compile(r"^CREATE\s+OR\s+REPLACE\s+VIEW\s+(\w+)\s+AS\b", re.M | re.I)
@@ -171,7 +171,10 @@ def markdown(modules: list[SqlModule] | None = None) -> str:
             for paragraph in doc.prose:
                 out += [paragraph, ""]
             if doc.finding:
-                out += ["Columns: the [finding columns](#finding-columns).", ""]
+                rule = next((r for r in RULES if r.view == doc.name), None)
+                kinds = rule.kinds if rule else ()
+                raises = ", ".join(f"[{k}](findings/{k}.md)" for k in kinds) or "no registered kind"
+                out += [f"Raises {raises}. Columns: the [finding columns](#finding-columns).", ""]
                 continue
             out += ["| column | meaning |", "|---|---|"]
             out += [f"| `{name}` | {_cell(text)} |" for name, text in doc.columns]

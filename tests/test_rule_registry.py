@@ -128,3 +128,14 @@ def test_the_findings_docs_tables_are_generated_from_the_registry():
         "regenerate: python -c 'from pathlib import Path; from hybridtrace.analyze.rules import "
         "with_generated_tables as g; p = Path(\"docs/findings.md\"); p.write_text(g(p.read_text()))'"
     )
+
+
+def test_the_simulator_injects_the_contract_kinds_with_their_declared_severity():
+    # the simulator writes its truth with a severity per kind; it must be the registry's
+    from hybridtrace.analyze.rules import CONTRACT_KINDS, KINDS_BY_NAME
+    from hybridtrace.simulate.scenario import INJECTABLE
+    from hybridtrace.simulate.workload import _MESSAGES
+
+    assert tuple(INJECTABLE) == CONTRACT_KINDS
+    for kind, (_, severity) in _MESSAGES.items():
+        assert severity == KINDS_BY_NAME[kind].severity, kind

@@ -180,11 +180,10 @@ def kind_scope(kind: str) -> str:
     return "; ".join(f"{r.scope} ({r.basis})" if r.basis else r.scope for r in rules)
 
 
-def report_kinds(found: dict[str, int] | None = None) -> list[str]:
-    """The kinds a report lists, in this order: the contract's, then the project's, then any
-    other kind the findings hold (a store analysed by a newer version)."""
-    extra = sorted(k for k in (found or {}) if k not in KINDS_BY_NAME)
-    return [*ALL_KINDS, *extra]
+def report_kinds(found: dict[str, int]) -> list[str]:
+    """The kinds a report lists: the contract's, in their order, then every other kind the
+    analysis counted (``summary.findings_by_kind``), by name."""
+    return [*CONTRACT_KINDS, *sorted(k for k in found if k not in CONTRACT_KINDS)]
 
 
 def kinds_table() -> str:
