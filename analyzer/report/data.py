@@ -16,8 +16,6 @@ from decimal import Decimal
 import duckdb
 
 from hybridtrace.analyze import Analysis, analyze, materialized
-from hybridtrace.analyze.thresholds import install as install_thresholds
-from hybridtrace.analyze.thresholds import load as load_thresholds
 from hybridtrace.kinds import KINDS
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
@@ -76,11 +74,11 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
 
 
 def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None) -> ReportData:
-    """Analyse the store behind ``con`` and gather every section of the report."""
-    install_thresholds(con, load_thresholds(config))
-    thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
+    """Analyse the store behind ``con`` (from ``open_analysis``) and gather every section of the report."""
     with materialized(con):  # the analysis and the report views share one computation
         analysis = analyze(con, config=config)
+        # the thresholds the rules just read (the analysis installs those of ``config``)
+        thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
         data = ReportData(
             store=store,
             generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
