@@ -8,6 +8,7 @@ upload completes. ``report`` and the scheduled job both publish through here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -41,7 +42,8 @@ def publish_text(text: str, target: str | Path, *, what: str = "the report") -> 
         staged.replace(destination)
         _sync_folder(destination.parent)
     except OSError as exc:
-        staged.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # where the folder cannot be made, there is nothing to remove
+            staged.unlink(missing_ok=True)
         raise UsageError(f"{destination}: cannot write {what}: {exc.strerror or exc}") from exc
     return str(destination)
 
