@@ -1,4 +1,7 @@
-"""Objects in local folders and in S3 or GCS buckets, behind one small interface.
+"""Input objects and bucket locations: local files and S3 or GCS objects behind one ``ObjectRef``.
+
+Ingest lists and reads its inputs through here; the store's bucket roots (``roots.py``)
+and the report's publishing take their bucket locations from here too.
 
 Buckets go through pyarrow's native filesystems, which follow each cloud's standard
 credential chain (environment, shared profiles, instance or workload identity,
