@@ -280,11 +280,6 @@ def _no_csv(fmt: OutputFormat, command: str) -> None:
         raise UsageError(f"{command} prints a table or json, not csv (try --format json)")
 
 
-def _check_seed(seed: int) -> None:
-    if not 0 <= seed < 2**32:
-        raise UsageError(f"--seed {seed}: give a whole number from 0 to {2**32 - 1}")
-
-
 def _unique_names(names: list[str]) -> list[str]:
     """Column names, a repeated one numbered (status, status_2): rows are keyed by name."""
     taken: set[str] = set()
@@ -526,9 +521,10 @@ def demo_command(
 ) -> None:
     """Simulate a P/D deployment, ingest it, show what hybridtrace sees, and write the HTML report."""
     from hybridtrace.demo import run_demo
+    from hybridtrace.simulate import SimOptions
     from hybridtrace.text.demo import demo_text
 
-    _check_seed(seed)
+    SimOptions(seed=seed).check()  # the demo's deployment with the seed asked
     result = run_demo(directory, seed=seed)
     typer.echo(demo_text(result))
 

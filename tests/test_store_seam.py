@@ -227,3 +227,17 @@ def test_simulator_options_check_themselves(change, message):
     SimOptions().check()
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         SimOptions(**change).check()
+
+
+def test_the_old_module_paths_name_the_store_packages_objects():
+    """``hybridtrace.buckets``, ``.storage`` and ``.attach`` are kept for older imports, and are no copies."""
+    import hybridtrace.attach as attach
+    import hybridtrace.buckets as buckets
+    import hybridtrace.storage as storage
+    from hybridtrace.store import engine_models, leases, objects, roots
+
+    for name in ("ObjectRef", "is_bucket", "list_objects", "redact", "refuse_credentials", "bucket"):
+        assert getattr(buckets, name) is getattr(objects, name)
+    assert (storage.LocalRoot, storage.BucketRoot, storage.root_of) == (roots.LocalRoot, roots.BucketRoot,
+                                                                         roots.root_of)  # fmt: skip
+    assert storage.LeaseHeld is leases.LeaseHeld and attach.engine_models is engine_models.engine_models
