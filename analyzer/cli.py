@@ -7,10 +7,9 @@ and exit 2; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -27,19 +26,8 @@ from hybridtrace.model import (
     size_model,
     worksheet,
 )
-from hybridtrace.output import OutputFormat, to_json, to_pairs, to_table
-
-if TYPE_CHECKING:
-    from hybridtrace.analyze import Analysis
-from hybridtrace.units import (
-    format_bytes,
-    format_duration,
-    format_rate,
-    parse_bytes,
-    parse_duration,
-    parse_int_list,
-    parse_rate,
-)
+from hybridtrace.output import OutputFormat, to_json
+from hybridtrace.units import format_bytes, parse_bytes, parse_duration, parse_int_list, parse_rate
 
 app = typer.Typer(
     name="hybridtrace",
@@ -85,17 +73,14 @@ FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Outp
 def _fitted_link(store: str, pair: str | None, rank: int | None, link: str | None) -> dict:
     """The link model fitted from a store's reads, for ``model --link-from``."""
     from hybridtrace.analyze.link_fit import fit_from_store
-    from hybridtrace.store import Store
+    from hybridtrace.store.analysis import open_analysis
 
-    st = Store(store)
-    if not st.exists():
-        raise UsageError(f"no hybridtrace store at {store}")
     engines = None
     if pair is not None:
         engines = tuple(p.strip() for p in pair.split(","))
         if len(engines) != 2 or not all(engines):
             raise UsageError("--pair takes PREFILL,DECODE engine ids")
-    fit, used = fit_from_store(st.connect(), pair=engines, rank=rank, link=link)
+    fit, used = fit_from_store(open_analysis(store), pair=engines, rank=rank, link=link)
     if fit is None or fit.bandwidth_bytes_per_s is None:
         raise UsageError(f"cannot fit a link from {used} in {store}: at least 8 reads whose time grows "
                          "with their bytes are needed")
@@ -196,7 +181,9 @@ def model_command(
 
         typer.echo(to_csv(result["worksheet"]).rstrip("\n"))
     else:
-        typer.echo(_model_table(result))
+        from hybridtrace.text.model import model_text
+
+        typer.echo(model_text(result))
 
 
 StoreOption = Annotated[
@@ -249,30 +236,9 @@ def ingest_command(
         if failed:
             raise failed
         return
-    rows = ", ".join(f"{name} {count:,}" for name, count in sorted(result["rows"].items()) if count) or "none"
-    formats = ", ".join(f"{name} {count}" for name, count in sorted(result["by_format"].items())) or "none"
-    rate = f"{result['mb_per_s']} MB/s" if result["mb_per_s"] is not None else "-"
-    unreadable = f"{summary.errors:,} (see sources where status = 'error')"
-    typer.echo(
-        to_pairs(
-            [
-                (
-                    "objects",
-                    f"{summary.objects_seen} seen, {summary.objects_read} read, "
-                    f"{summary.objects_skipped} unchanged"
-                    + (f", {summary.objects_gone} gone since the last run" if summary.objects_gone else "")
-                    + (f", {summary.objects_left_out} left out (see sources where status = 'skipped')"
-                       if summary.objects_left_out else ""),
-                ),
-                ("formats", formats),
-                ("rows", rows),
-                ("rejects", f"{summary.rejects:,}"),
-                ("duplicates skipped", f"{summary.duplicates:,}"),
-                ("time", f"{summary.seconds:.2f} s, {summary.bytes_read / 1e6:.1f} MB read, {rate}"),
-            ]
-            + ([("unreadable", unreadable)] if summary.errors else [])
-        )
-    )
+    from hybridtrace.text.ingest import ingest_text
+
+    typer.echo(ingest_text(summary))
     for message in summary.left_out_messages:  # said on the run that first lists them
         typer.echo(f"hybridtrace: skipped: {message}", err=True)
     for message in summary.error_messages:
@@ -291,18 +257,12 @@ def query_command(
     """Run ad-hoc SQL against the store's views."""
     import duckdb
 
-    from hybridtrace.analyze.thresholds import install as install_thresholds
-    from hybridtrace.analyze.thresholds import load as load_thresholds
     from hybridtrace.output import render_rows
-    from hybridtrace.store import Store, default_store
+    from hybridtrace.store import default_store
+    from hybridtrace.store.analysis import open_analysis
 
-    root = store or default_store()
-    st = Store(root)
-    if not st.exists():
-        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
-    con = st.connect()
     # the finding views read their thresholds as analyze does (--config, else ./hybridtrace.toml)
-    install_thresholds(con, load_thresholds(config))
+    con = open_analysis(store or default_store(), config=config)
     try:
         relation = con.sql(sql)
         if relation is None:
@@ -318,11 +278,6 @@ def _no_csv(fmt: OutputFormat, command: str) -> None:
     """Commands whose output is one nested document print it as a table or as JSON."""
     if fmt is OutputFormat.csv:
         raise UsageError(f"{command} prints a table or json, not csv (try --format json)")
-
-
-def _check_seed(seed: int) -> None:
-    if not 0 <= seed < 2**32:
-        raise UsageError(f"--seed {seed}: give a whole number from 0 to {2**32 - 1}")
 
 
 def _unique_names(names: list[str]) -> list[str]:
@@ -358,18 +313,17 @@ def analyze_command(
 ) -> None:
     """Run the finding rules over the store and print the findings."""
     from hybridtrace.analyze import analyze
+    from hybridtrace.exit_codes import EXIT_ERROR, decide_exit
     from hybridtrace.kinds import parse_kinds
     from hybridtrace.output import to_csv
-    from hybridtrace.store import Store, default_store
+    from hybridtrace.store import default_store
+    from hybridtrace.store.analysis import open_analysis
+    from hybridtrace.text.analysis import analysis_text
 
-    root = store or default_store()
-    st = Store(root)
-    if not st.exists():
-        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
     # an empty --fail-on is refused, as `run` refuses it: a script's empty $KINDS must not
     # turn alerting off without a word
     kinds = parse_kinds(fail_on, "--fail-on") if fail_on is not None else set()
-    result = analyze(st.connect(), config=config)
+    result = analyze(open_analysis(store or default_store(), config=config), config=config)
     if fmt is OutputFormat.json:
         typer.echo(to_json(result.as_dict()))
     elif fmt is OutputFormat.csv:
@@ -377,60 +331,12 @@ def analyze_command(
         columns += ["start_ts", "end_ts", "message", "evidence"]
         typer.echo(to_csv(result.findings, columns).rstrip("\n"))
     else:
-        typer.echo(_analysis_table(result, limit))
-    empty = result.summary["no_inputs"]
-    if strict and ("transfers" in empty and "intervals" in empty):
-        typer.echo(
-            "hybridtrace: error: nothing to analyze: no transfers and no intervals in the store", err=True
-        )
-        raise typer.Exit(2)
-    if kinds and any(result.summary["findings_by_kind"].get(kind) for kind in kinds):
-        raise typer.Exit(1)
-
-
-def _analysis_table(result: Analysis, limit: int) -> str:
-    summary, inputs = result.summary, result.inputs
-    counts = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items() if v) or "none"
-    pairs = [
-        ("inputs", ", ".join(f"{k} {v:,}" for k, v in inputs.items())),
-        ("findings", f"{len(result)}: {counts}"),
-    ]
-    if summary["transported_bytes"] is not None:
-        sizes = ", ".join(
-            f"{name} {format_bytes(summary[name + '_bytes'])}"
-            for name in ("logical", "expected", "reserved", "transported")
-        )
-        ratio = summary["transported_over_expected"]
-        shown = f"{ratio:.4f}" if ratio is not None else "-"
-        pairs.append(("bytes (ok reads)", f"{sizes} (transported/expected {shown}, ratio of sums)"))
-    for name in summary["no_inputs"]:
-        pairs.append(("no input", f"the store has no {name}: the rules that read it matched nothing"))
-    if inputs.get("trace_records_dropped"):
-        dropped = inputs["trace_records_dropped"]
-        pairs.append(("incomplete", f"the trace writers dropped {dropped:,} records: the trace lacks them"))
-    if summary["rules_without_inputs"]:
-        # a kind can still be found by another rule (the native-metrics ones): say which
-        found_by: dict[str, list[str]] = {}
-        for rule, counts in summary["rules"].items():
-            if counts["findings"]:
-                for kind in counts.get("kinds", ()):
-                    found_by.setdefault(kind, []).append(rule)
-        named = []
-        for rule in summary["rules_without_inputs"]:
-            others = [r for r in found_by.get(rule, []) if r != rule]
-            named.append(f"{rule} (its kind found by {', '.join(others)})" if others else rule)
-        pairs.append(("rules with no input", ", ".join(named)))
-    rows = [
-        {"severity": f["severity"], "kind": f["kind"], "engine": f["engine_id"], "rank": f["rank"],
-         "request": f["request_id"] or f["remote_engine_id"], "message": f["message"]}
-        for f in result.rows(limit)
-    ]  # fmt: skip
-    out = to_pairs(pairs)
-    if rows:
-        out += "\n\n" + to_table(rows, right_align=["rank"])
-        if len(result) > limit:
-            out += f"\n... {len(result) - limit} more (--limit, or --format json for all)"
-    return out
+        typer.echo(analysis_text(result, limit))
+    outcome = decide_exit(result.summary["findings_by_kind"], result.inputs, fail_on=kinds, strict=strict)
+    if outcome.code == EXIT_ERROR and outcome.message:
+        typer.echo(f"hybridtrace: error: {outcome.message}", err=True)
+    if outcome.code:
+        raise typer.Exit(outcome.code)
 
 
 @app.command("report")
@@ -451,19 +357,19 @@ def report_command(
 ) -> None:
     """One self-contained HTML page (charts, findings, engines), or a Markdown summary."""
     from hybridtrace.report import collect, render_markdown, write_report
-    from hybridtrace.store import Store, default_store
+    from hybridtrace.store import default_store
+    from hybridtrace.store.analysis import open_analysis
 
     if fmt not in ("html", "md"):
         raise UsageError(f"--format: {fmt!r} is not html or md")
     if html and fmt == "md":
         raise UsageError("--html and --format md ask for two different reports: pick one")
     root = store or default_store()
-    if not Store(root).exists():
-        raise UsageError(f"{root}: no store here (run 'hybridtrace ingest PATH --store {root}' first)")
     if out == "-":
         if fmt != "md":
             raise UsageError("--out - prints the Markdown summary only (add --format md)")
-        typer.echo(render_markdown(collect(Store(root).connect(), store=str(root), config=config)), nl=False)
+        con = open_analysis(root, config=config)
+        typer.echo(render_markdown(collect(con, store=str(root), config=config)), nl=False)
         return
     path, data = write_report(root, out or f"report.{fmt}", fmt=fmt, config=config)
     size = path.stat().st_size
@@ -491,9 +397,9 @@ def run_command(
     """
     import json
 
-    from hybridtrace.buckets import redact
     from hybridtrace.job import load_job, run_job
     from hybridtrace.kinds import parse_kinds
+    from hybridtrace.store.objects import redact
 
     try:
         job = load_job(config)
@@ -525,75 +431,17 @@ def explain_command(
 ) -> None:
     """One handoff: per-rank timeline, bytes by cache type, tokens, log lines, findings."""
     from hybridtrace.analyze.explain import explain
-    from hybridtrace.store import Store, default_store
+    from hybridtrace.store import default_store
+    from hybridtrace.store.analysis import open_analysis
+    from hybridtrace.text.explain import explain_text
 
-    root = store or default_store()
-    st = Store(root)
-    if not st.exists():
-        raise UsageError(f"{root}: no store here")
     _no_csv(fmt, "explain")
-    result = explain(st.connect(), request_id, engine_id=engine, config=config)
+    result = explain(open_analysis(store or default_store(), config=config), request_id, engine_id=engine,
+                     config=config)  # fmt: skip
     if fmt is not OutputFormat.table:
         typer.echo(to_json(result))
         return
-    request = result["request"]
-    token_fields = ("prompt_tokens", "cached_tokens", "missing_tokens", "transferred_tokens", "reused_tokens",
-                    "recomputed_tokens", "boundary_tokens", "state_blocks")  # fmt: skip
-    if request.get("engine_id") is not None:
-        pairs = [
-            (
-                "request",
-                f"{request.get('request_id')} on {request.get('engine_id')} (prefill "
-                f"{request.get('remote_engine_id') or '?'}: {request.get('remote_request_id') or '?'})",
-            ),
-            ("status", str(request.get("status"))),
-            (
-                "tokens",
-                ", ".join(f"{k.replace('_tokens', '')} {request[k]}" for k in token_fields if k in request),
-            ),
-        ]
-    else:  # only log lines name it: say so rather than print empty fields
-        pairs = [("request", f"{request.get('request_id')} (no request record: only the log lines below)")]
-    if result["critical_path_s"] is not None:
-        prefill = request.get("prefill_s")
-        vs = f" (prefill here: {format_duration(prefill)})" if prefill is not None else ""
-        pairs.append(("critical path", f"{format_duration(result['critical_path_s'])}{vs}"))
-    typer.echo(to_pairs(pairs))
-    reads = [
-        {
-            "rank": r["rank"],
-            "from": f"{r['remote_engine_id']}:{r['remote_rank']}",
-            "status": r["status"],
-            "post": format_duration(r["post_s"]),
-            "xfer": format_duration(r["xfer_s"]),
-            "descs": r["descriptors"],
-            "transported": r["transported_bytes"],
-            "expected": r["expected_bytes"],
-            "excess": r["excess_bytes"],
-            "GB/s": round(r["effective_gb_s"], 2) if r["effective_gb_s"] else None,
-        }
-        for r in result["reads"]
-    ]
-    if reads:
-        typer.echo("\nReads\n\n" + to_table(reads))
-    types = result["bytes_by_cache_type"]
-    if types and types.get("logical_attention") is not None:
-        rows = [
-            {
-                "cache": name,
-                **{k: types[f"{k}_{name}"] for k in ("logical", "expected", "reserved", "transported")},
-            }
-            for name in ("attention", "state")
-        ]
-        typer.echo("\nBytes by cache type (successful reads)\n\n" + to_table(rows))
-    if result["log_events"]:
-        typer.echo("\nLog lines\n\n" + to_table(
-            [{k: e[k] for k in ("engine_id", "level", "kind", "message")} for e in result["log_events"]]
-        ))  # fmt: skip
-    findings = [
-        {"kind": f["kind"], "severity": f["severity"], "message": f["message"]} for f in result["findings"]
-    ]
-    typer.echo("\nFindings\n\n" + (to_table(findings) if findings else "none"))
+    typer.echo(explain_text(result))
 
 
 @app.command("simulate")
@@ -632,21 +480,9 @@ def simulate_command(
     """Write a simulated deployment's telemetry bundle and its ground truth."""
     _keep_freed_pages()
     from hybridtrace.simulate import SimOptions, parse_inject, simulate
+    from hybridtrace.text.simulate import simulate_text
 
-    if era not in ("abort", "lease"):
-        raise UsageError("--era must be abort or lease")
-    if requests is not None and requests < 1:
-        raise UsageError("--requests must be at least 1")
-    if not (math.isfinite(rate) and rate > 0):
-        raise UsageError("--rate must be a positive number of requests per second")
-    if median_prompt < 1:
-        raise UsageError("--median-prompt must be at least 1 token")
-    if not 0 <= cache_hit_rate <= 1:
-        raise UsageError("--cache-hit-rate must be between 0 and 1")
-    _check_seed(seed)
     _no_csv(fmt, "simulate")
-    if parse_duration(duration) <= 0:
-        raise UsageError("--duration must be positive")
     options = SimOptions(
         model=model,
         prefill_engines=prefill,
@@ -667,35 +503,12 @@ def simulate_command(
         seed=seed,
         inject=parse_inject(inject),
     )
-    if prefill < 1 or decode < 1:
-        raise UsageError("--prefill and --decode need at least one engine each")
+    options.check()
     truth = simulate(options, out)
     if fmt is OutputFormat.json:
         typer.echo(to_json({"out": out, "inputs": truth["inputs"], "summary": truth["summary"]}))
         return
-    counts = truth["inputs"]
-    injected = ", ".join(f"{k} {v}" for k, v in sorted(truth["summary"]["injected"].items())) or "none"
-    natural = ", ".join(f"{k} {v}" for k, v in sorted(truth["summary"]["natural"].items())) or "none"
-    typer.echo(
-        to_pairs(
-            [
-                ("bundle", out),
-                (
-                    "records",
-                    f"{counts['requests']:,} requests, {counts['transfers']:,} reads, "
-                    f"{counts['engines']} engines",
-                ),
-                (
-                    "native",
-                    f"{counts['log_intervals']} KV Transfer metrics lines, {counts['prom_scrapes']} scrapes",
-                ),
-                ("injected", injected),
-                ("also true", natural),
-                ("truth", f"{out}/truth.json"),
-                ("time", f"{truth['seconds']:.2f} s"),
-            ]
-        )
-    )
+    typer.echo(simulate_text(out, truth))
 
 
 @app.command("demo")
@@ -708,36 +521,12 @@ def demo_command(
 ) -> None:
     """Simulate a P/D deployment, ingest it, show what hybridtrace sees, and write the HTML report."""
     from hybridtrace.demo import run_demo
+    from hybridtrace.simulate import SimOptions
+    from hybridtrace.text.demo import demo_text
 
-    _check_seed(seed)
+    SimOptions(seed=seed).check()  # the demo's deployment with the seed asked
     result = run_demo(directory, seed=seed)
-    counts = result.truth["inputs"]
-    typer.echo(
-        f"Simulated {counts['requests']:,} requests ({counts['transfers']:,} NIXL reads) of a disaggregated "
-        f"Nemotron Nano 12B v2 deployment; ingested {result.ingest.objects_read} files."
-    )
-    for title, rows in result.sections:
-        typer.echo(f"\n{title}\n")
-        typer.echo(to_table(rows) if rows else "(no rows)")
-    injected = ", ".join(f"{k} {v}" for k, v in sorted(result.truth["summary"]["injected"].items()))
-    typer.echo(
-        "\n"
-        + to_pairs(
-            [
-                ("injected on purpose", injected or "none"),
-                ("bundle", str(result.bundle)),
-                ("truth", str(result.bundle / "truth.json")),
-                ("store", str(result.store)),
-                ("findings", f"hybridtrace analyze --store {result.store}"),
-                (
-                    "explore",
-                    f'hybridtrace query "SELECT * FROM request_bytes LIMIT 10" --store {result.store}',
-                ),
-                ("time", f"{result.seconds:.1f} s"),
-                ("report", f"{result.report}  (open it in a browser; no network needed)"),
-            ]
-        )
-    )
+    typer.echo(demo_text(result))
 
 
 @app.command("verify")
@@ -783,6 +572,7 @@ def verify_command(
     --fail-on, 2 on bad usage or when a prompt could not be compared (its row says why).
     """
     from hybridtrace.store import default_store
+    from hybridtrace.text.verify import verify_text
     from hybridtrace.verify import VerifyOptions, parse_outcomes, verify
 
     _no_csv(fmt, "verify")
@@ -798,24 +588,7 @@ def verify_command(
     if fmt is OutputFormat.json:
         typer.echo(to_json(summary.as_dict()))
     else:
-        counts = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in summary.by_status.items())
-        pairs = [
-            ("model", f"{summary.model} (P/D {summary.pd_url}, control {summary.control_url})"),
-            ("prompts", f"{summary.prompts}: {counts}"),
-            ("store", f"{summary.store}: table verifications, run {summary.run_id}"),
-            ("time", f"{summary.seconds:.2f} s"),
-        ]
-        pairs += [("note", note) for note in summary.notes]
-        typer.echo(to_pairs(pairs))
-        parted = [
-            {"prompt": r["prompt_id"] or f"#{r['prompt_index']}", "status": r["status"],
-             "token": r.get("first_divergence"), "of": r.get("tokens_compared"),
-             "control gap": round(r["control_top_gap"], 4) if r.get("control_top_gap") is not None else None,
-             "P/D id": r.get("pd_response_id")}
-            for r in summary.results if r["status"] in ("mismatch", "near_tie")
-        ]  # fmt: skip
-        if parted:
-            typer.echo("\nWhere the outputs part\n\n" + to_table(parted, right_align=["token", "of"]))
+        typer.echo(verify_text(summary))
     errors = summary.errors
     if errors:
         first = errors[0]
@@ -826,97 +599,6 @@ def verify_command(
         raise typer.Exit(2)
     if summary.matched(outcomes):
         raise typer.Exit(1)
-
-
-def _model_table(m: dict) -> str:
-    pairs: list[tuple[str, str]] = []
-    if m["source"] == "raw":
-        pairs.append(("model", "raw figures (no config)"))
-    else:
-        pairs.append(("model", f"{m['model']} ({m['architecture']})"))
-    pairs.append(("tensor parallel", f"TP {m['tp_size']}; every figure is per rank"))
-    if m["source"] == "config":
-        dt = []
-        if m["kv_cache_dtype"]:
-            dt.append(f"kv {m['kv_cache_dtype']}")
-        if m["mamba_cache_dtype"]:
-            dt.append(f"conv {m['mamba_cache_dtype']}, ssm {m['mamba_ssm_cache_dtype']}")
-        pairs.append(("dtypes", ", ".join(dt)))
-        kind = f" ({m['recurrent_kind']})" if m["recurrent_kind"] else ""
-        pairs.append(
-            ("layers", f"{m['attention_layers']} attention, {m['recurrent_layers']} recurrent{kind}")
-        )
-    b = m["attention_bytes_per_token"]
-    b_line = f"{b:,} B/token ({format_bytes(b)})"
-    if m.get("attention_bytes_per_token_per_layer"):
-        b_line += (
-            f" = {m['attention_layers']} layers x {m['attention_bytes_per_token_per_layer']:,} B"
-            f" ({m['kv_heads_per_rank']} KV heads x head {m['head_size']})"
-        )
-    pairs.append(("B attention", b_line))
-    s = m["state_bytes"]
-    s_line = f"{s:,} B ({format_bytes(s)})"
-    if m.get("conv_bytes") is not None and m.get("recurrent_layers"):
-        s_line += f" = conv {m['conv_bytes']:,} + ssm {m['ssm_bytes']:,}"
-        s_line += f"; per layer {m['mamba_page_bytes']:,} B ({format_bytes(m['mamba_page_bytes'])})"
-    pairs.append(("S state/snapshot", s_line))
-    if m["block_tokens"]:
-        blk = f"{m['block_tokens']} tokens"
-        if m.get("attention_page_bytes"):
-            blk += f"; attention page {m['attention_page_bytes']:,} B per layer"
-        pairs.append(("block", blk))
-    if m["mamba_padding_pct"] is not None:
-        pairs.append(
-            (
-                "mamba padding",
-                f"{m['mamba_padding_pct']:.2f}% (page {m['mamba_page_bytes']:,} B padded to "
-                f"{m['mamba_padded_page_bytes']:,} B)",
-            )
-        )
-    groups = m.get("kv_cache_groups")
-    if groups:
-        pairs.append(
-            (
-                "kv-cache groups",
-                f"{groups['group_size']} layers each: {groups['attention_groups']} attention, "
-                f"{groups['recurrent_groups']} recurrent, {groups['padding_layers']} padding layers",
-            )
-        )
-    cross = m["crossover_tokens"]
-    pairs.append(
-        (
-            "crossover",
-            f"{cross:,.2f} tokens (S·J/B, J={m['state_blocks']})"
-            if cross is not None
-            else "none (B or S is 0)",
-        )
-    )
-    pairs.append(
-        (
-            "link model",
-            f"{format_rate(m['bandwidth_bytes_per_s'])} effective + {format_duration(m['fixed_cost_s'])}",
-        )
-    )
-    for note in m["notes"]:
-        pairs.append(("note", note))
-    rows = [
-        {
-            "missing": r["missing_tokens"],
-            "J": r["state_blocks"],
-            "attention B·T": format_bytes(r["attention_payload_bytes"]),
-            "state S·J": format_bytes(r["state_payload_bytes"]),
-            "logical": format_bytes(r["logical_bytes"]),
-            "logical bytes": r["logical_bytes"],
-            "expected": format_bytes(r["expected_bytes"]),
-            "reserved": format_bytes(r["reserved_bytes"]),
-            "link time": format_duration(r["link_seconds"]),
-        }
-        for r in m["worksheet"]
-    ]
-    if m["block_tokens"] is None:
-        for r in rows:
-            del r["expected"], r["reserved"]
-    return to_pairs(pairs) + "\n\n" + to_table(rows, right_align=list(rows[0]) if rows else [])
 
 
 def main() -> None:

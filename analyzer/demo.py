@@ -17,7 +17,6 @@ from hybridtrace.ingest.run import IngestSummary, ingest
 from hybridtrace.report import write_report
 from hybridtrace.report.data import rows as query_rows
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
-from hybridtrace.store import Store
 
 DEMO_INJECT = "slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02"
 
@@ -72,7 +71,9 @@ def run_demo(directory: str | Path | None = None, *, seed: int = 0) -> DemoResul
     summary = ingest([bundle], store)
     report, data = write_report(store, root / "report.html")
     analysis = data.analysis
-    con = Store(store).connect()
+    from hybridtrace.store.analysis import open_analysis
+
+    con = open_analysis(store)
 
     def rows(sql: str) -> list[dict]:
         return query_rows(con, sql)

@@ -40,14 +40,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybridtrace.buckets import bucket, is_bucket, redact, refuse_credentials
 from hybridtrace.errors import UsageError
+from hybridtrace.exit_codes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, decide_exit
 from hybridtrace.kinds import parse_kinds
-from hybridtrace.storage import LeaseHeld, root_of
+from hybridtrace.store.leases import LeaseHeld
+from hybridtrace.store.objects import is_bucket, refuse_credentials
+from hybridtrace.store.roots import root_of
 from hybridtrace.toml_files import read_toml
 from hybridtrace.verify_job import VerifyStep, judge, load_verify_step, run_verify_step
 
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "Busy", "JobConfig", "load_job", "run_job", "run_lock"]
 
 
 @dataclass
@@ -179,35 +181,12 @@ def run_lock(store: str, lease_s: float, max_run_s: float = 3600.0) -> Iterator[
         raise Busy(held.holder, stuck=time.time() - started > max_run_s) from None
 
 
-def _publish(local: Path, target: str) -> str:
-    """Copy a written report to its target (a path or a bucket object); returns the target."""
-    if is_bucket(target):
-        where = bucket(target)
-        try:
-            with where.filesystem.open_output_stream(where.path, compression=None) as out:
-                out.write(local.read_bytes())
-        except OSError as exc:
-            raise UsageError(f"{where.uri}: cannot write the report: {redact(str(exc))}") from exc
-        return where.uri
-    destination = Path(target)
-    staged = destination.with_name(destination.name + ".tmp")
-    try:
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        staged.write_bytes(local.read_bytes())
-        staged.replace(destination)
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise UsageError(f"{destination}: cannot write the report: {exc.strerror or exc}") from exc
-    return str(destination)
-
-
 def run_job(config: JobConfig) -> tuple[int, dict]:
     """One scheduled run: (exit code, the one-line summary as a dict)."""
-    import tempfile
-
     from hybridtrace.ingest.run import ingest
     from hybridtrace.report import collect, render_html, render_markdown
-    from hybridtrace.store import Store
+    from hybridtrace.store.analysis import open_analysis
+    from hybridtrace.store.publish import publish_text
 
     started = time.monotonic()
     summary: dict = {"status": "ok", "store": config.store}
@@ -227,21 +206,16 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
             if config.verify is not None:
                 # after the ingest, before the analysis: the report sees this run's comparisons
                 summary["verify"] = run_verify_step(config.verify)
-            con = Store(config.store).connect()
+            con = open_analysis(config.store, config=config.thresholds_file)
             data = collect(con, store=config.store, config=config.thresholds_file)
             by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
             summary["findings"] = data.counts["findings"]
             summary["by_kind"] = by_kind
             summary["by_severity"] = data.summary["findings_by_severity"]
-            with tempfile.TemporaryDirectory(prefix="hybridtrace-run-") as scratch:
-                if config.html:
-                    page = Path(scratch) / "report.html"
-                    page.write_text(render_html(data), encoding="utf-8")
-                    summary["report"] = _publish(page, config.html)
-                if config.markdown:
-                    note = Path(scratch) / "summary.md"
-                    note.write_text(render_markdown(data), encoding="utf-8")
-                    summary["markdown"] = _publish(note, config.markdown)
+            if config.html:
+                summary["report"] = publish_text(render_html(data), config.html)
+            if config.markdown:
+                summary["markdown"] = publish_text(render_markdown(data), config.markdown)
     except Busy as busy:
         holder = busy.holder
         since = time.time() - float(holder.get("started", time.time()))
@@ -250,15 +224,11 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
         summary["held_s"] = round(since, 1)
         summary["seconds"] = round(time.monotonic() - started, 3)
         return (EXIT_ERROR if busy.stuck else EXIT_OK), summary
-    matched = sorted(k for k in config.fail_on if by_kind.get(k))
-    summary["fail_on_matched"] = matched
-    code = EXIT_OK
-    if ingested.errors:  # the rest was read, analysed and published; the operator must know
-        summary["status"], code = "unreadable input", EXIT_ERROR
-    elif config.strict and not (data.inputs["transfers"] or data.inputs["intervals"]):
-        summary["status"], code = "nothing to analyze", EXIT_ERROR
-    elif matched:
-        summary["status"], code = "findings", EXIT_FINDINGS
+    # unreadable input still leaves the rest read, analysed and published; the operator must know
+    outcome = decide_exit(by_kind, data.inputs, fail_on=config.fail_on, strict=config.strict,
+                          unreadable=ingested.errors)  # fmt: skip
+    summary["fail_on_matched"] = outcome.matched
+    code, summary["status"] = outcome.code, outcome.status
     if config.verify is not None:  # the verify step's own policy
         code, summary["status"] = judge(summary["verify"], code, summary["status"])
         if summary["status"] == "verify error":

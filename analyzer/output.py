@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from hybridtrace.errors import UsageError
+from hybridtrace.units import format_bytes
 
 
 class OutputFormat(StrEnum):
@@ -123,6 +124,28 @@ def to_table(
     out = [line(titles), line(["-" * w for w in widths])]
     out.extend(line(r) for r in cells)
     return "\n".join(out)
+
+
+def bytes_cell(value: int | float | None) -> str | None:
+    """A byte count for a text table: the exact integer, its binary size beside it from 1 KiB.
+
+    ``12,582,912 (12.00 MiB)``; ``512`` alone. Only tables carry the human figure: JSON and
+    CSV keep the integer, for scripts.
+    """
+    if value is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    exact = f"{int(value):,}" if float(value).is_integer() else f"{value:,}"
+    return exact if abs(value) < 1024 else f"{exact} ({format_bytes(value)})"
+
+
+def bytes_text(value: int | float | None) -> str:
+    """A byte count in running text: ``12,582,912 B (12.00 MiB)``, a dash for none."""
+    if value is None:
+        return "-"
+    cell = bytes_cell(value)
+    return cell.replace(" (", " B (", 1) if "(" in cell else f"{cell} B"
 
 
 def to_pairs(pairs: Sequence[tuple[str, str]]) -> str:

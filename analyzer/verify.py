@@ -151,12 +151,12 @@ def verify(options: VerifyOptions) -> VerifySummary:
         prompts = read_prompts(options.prompts)
     else:
         labels = parse_lengths(options.lengths or DEFAULT_LENGTHS)
-        if not store.exists():
-            raise UsageError(
-                f"{store}: no store here to take prompt lengths from (ingest the trace first, "
-                "or give --prompts FILE.jsonl)"
-            )
-        con = store.connect(with_queries=False)
+        from hybridtrace.store.analysis import open_analysis
+
+        con = open_analysis(
+            store, views=False,
+            missing=" to take prompt lengths from (ingest the trace first, or give --prompts FILE.jsonl)",
+        )  # fmt: skip
         lengths = traffic_lengths(con, labels, str(store))
     summary = VerifySummary(run_id=uuid.uuid4().hex, store=str(store), pd_url=pd_url, control_url=control_url)
     started = time.monotonic()

@@ -24,11 +24,12 @@ from promgen import scrape
 from test_ingest_trace import _all_rows
 from tracegen import transfer_records
 
-import hybridtrace.storage as storage
-from hybridtrace.buckets import ObjectRef
+import hybridtrace.store.leases as leases
+import hybridtrace.store.roots as roots
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest.run import ingest
 from hybridtrace.store import Store
+from hybridtrace.store.objects import ObjectRef
 
 REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") == "1"
 
@@ -340,7 +341,7 @@ def test_a_missing_bucket_under_a_prefix_is_an_error(server, tmp_path):
 def _claims(server, store: str) -> list[str]:
     import pyarrow.fs as pafs
 
-    from hybridtrace.buckets import bucket
+    from hybridtrace.store.objects import bucket
 
     where = bucket(server.uri(f"{store}/.writer.lock.d"))
     selector = pafs.FileSelector(where.path, allow_not_found=True)
@@ -361,7 +362,7 @@ def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_lea
         waits.append(seconds)
         real_sleep(min(seconds, 0.05))
 
-    monkeypatch.setattr(storage.time, "sleep", racing_sleep)
+    monkeypatch.setattr(leases.time, "sleep", racing_sleep)
     _refused(store, "another ingest is writing")
     assert len(waits) == 2  # settled, saw the racer, withdrew, backed off, and saw it still there
     assert _claims(server, "telemetry/settle") == ["racer.json"]  # our claim is withdrawn
@@ -378,7 +379,7 @@ def test_a_claim_that_lands_while_we_settle_makes_us_step_aside(server, fast_lea
             server.delete(path)
         waits.append(seconds)
 
-    monkeypatch.setattr(storage.time, "sleep", withdrawing_sleep)
+    monkeypatch.setattr(leases.time, "sleep", withdrawing_sleep)
     with store.writer_lock():
         assert len(waits) == 3  # settle, back off, settle again
         assert len(_claims(server, "telemetry/settle")) == 1
@@ -440,11 +441,11 @@ def test_a_claim_left_by_a_run_killed_while_deciding_expires_soon(server, fast_l
         real_sleep(seconds)
 
     with monkeypatch.context() as patched:
-        patched.setattr(storage.time, "sleep", look)
+        patched.setattr(leases.time, "sleep", look)
         with store.writer_lock():
             pass
     assert len(seen) == 1 and seen[0]["held"] is False
-    assert seen[0]["expires"] - seen[0]["started"] == pytest.approx(0.9 + storage.UNDECIDED_SLACK_S)
+    assert seen[0]["expires"] - seen[0]["started"] == pytest.approx(0.9 + leases.UNDECIDED_SLACK_S)
 
 
 def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, monkeypatch):
@@ -452,14 +453,14 @@ def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, m
 
     store = _bucket_store(server, "unreadable")
     _put_claim(server, "unreadable", "holder")
-    real_read = storage.BucketRoot.read_text
+    real_read = roots.BucketRoot.read_text
 
     def flaky(self, rel: str) -> str:
         if rel.endswith("holder.json"):
             raise UsageError("cannot read it: 503 Slow Down")
         return real_read(self, rel)
 
-    monkeypatch.setattr(storage.BucketRoot, "read_text", flaky)
+    monkeypatch.setattr(roots.BucketRoot, "read_text", flaky)
     _refused(store, "503")
     assert _claims(server, "telemetry/unreadable") == ["holder.json"]
 
@@ -467,7 +468,7 @@ def test_a_claim_that_cannot_be_read_is_not_taken_as_gone(server, fast_leases, m
 def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatch):
 
     store = _bucket_store(server, "broken")
-    real_list, calls = storage.BucketRoot.list_files, []
+    real_list, calls = roots.BucketRoot.list_files, []
 
     def failing_second_listing(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
         if rel.endswith(".d"):
@@ -476,9 +477,9 @@ def test_an_error_while_claiming_leaves_no_claim(server, fast_leases, monkeypatc
                 raise UsageError("cannot list the store: connection reset")
         return real_list(self, rel, pattern)
 
-    monkeypatch.setattr(storage.BucketRoot, "list_files", failing_second_listing)
+    monkeypatch.setattr(roots.BucketRoot, "list_files", failing_second_listing)
     _refused(store, "connection reset")
-    monkeypatch.setattr(storage.BucketRoot, "list_files", real_list)
+    monkeypatch.setattr(roots.BucketRoot, "list_files", real_list)
     assert _claims(server, "telemetry/broken") == []
     with store.writer_lock():  # nothing blocks the next run
         pass
@@ -495,11 +496,11 @@ def test_a_store_too_slow_to_decide_on_is_an_error_not_a_busy_store(server, fast
 
     store = _bucket_store(server, "slow")
     real_sleep = time.sleep
-    monkeypatch.setattr(storage, "UNDECIDED_SLACK_S", 0.0)
+    monkeypatch.setattr(leases, "UNDECIDED_SLACK_S", 0.0)
     with monkeypatch.context() as patched:
-        patched.setattr(storage.time, "sleep", lambda seconds: real_sleep(seconds + 0.7))  # a stall
+        patched.setattr(leases.time, "sleep", lambda seconds: real_sleep(seconds + 0.7))  # a stall
         slow = _refused(store, "answered too slowly")
-    assert not isinstance(slow, storage.LeaseHeld)
+    assert not isinstance(slow, leases.LeaseHeld)
     assert _claims(server, "telemetry/slow") == []
 
 
@@ -508,14 +509,14 @@ def test_of_two_held_claims_both_give_way(server, fast_leases, monkeypatch):
 
 
     store = _bucket_store(server, "rival")
-    real_write = storage.BucketRoot.write_text
+    real_write = roots.BucketRoot.write_text
 
     def rival_meanwhile(self, rel: str, text: str) -> None:
         real_write(self, rel, text)
         if ".writer.lock.d/" in rel and json.loads(text)["held"] and not rel.endswith("rival.json"):
             real_write(self, ".writer.lock.d/rival.json", _claim_text("rival"))
 
-    monkeypatch.setattr(storage.BucketRoot, "write_text", rival_meanwhile)
+    monkeypatch.setattr(roots.BucketRoot, "write_text", rival_meanwhile)
     _refused(store, "another ingest is writing")
     assert _claims(server, "telemetry/rival") == ["rival.json"]
 
@@ -523,14 +524,14 @@ def test_of_two_held_claims_both_give_way(server, fast_leases, monkeypatch):
 def test_a_renewal_that_lands_late_gives_the_lease_up(server, fast_leases, monkeypatch):
 
     store = _bucket_store(server, "late")
-    real_write, slow = storage.BucketRoot.write_text, []
+    real_write, slow = roots.BucketRoot.write_text, []
 
     def stalling(self, rel: str, text: str) -> None:
         if slow and ".writer.lock.d/" in rel:
             time.sleep(1.2)  # longer than the whole 1 s lease
         real_write(self, rel, text)
 
-    monkeypatch.setattr(storage.BucketRoot, "write_text", stalling)
+    monkeypatch.setattr(roots.BucketRoot, "write_text", stalling)
     with store.writer_lock(lease_s=1.0):
         slow.append(True)
         deadline = time.time() + 10

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tracegen import transfer_records, write_jsonl
 
-from hybridtrace.buckets import ObjectRef
 from hybridtrace.errors import UsageError
 from hybridtrace.ingest.run import ingest
+from hybridtrace.store.objects import ObjectRef
 
 SCRIPT = Path(sys.executable).with_name("hybridtrace")
 

@@ -368,7 +368,7 @@ def _source_files(root: Path) -> int:
 
 
 def test_many_small_runs_are_compacted_and_nothing_changes(tmp_path, monkeypatch):
-    import hybridtrace.store as store_module
+    import hybridtrace.store.commit as store_module
 
     data, store_root, clean = tmp_path / "in", tmp_path / "store", tmp_path / "clean"
     monkeypatch.setattr(store_module, "COMPACT_MIN_BATCHES", 1_000)  # none yet
@@ -394,7 +394,7 @@ def test_many_small_runs_are_compacted_and_nothing_changes(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("crash_at", ["before the commit", "after the commit"])
 def test_a_compaction_cut_short_leaves_every_row_once(tmp_path, monkeypatch, crash_at):
-    import hybridtrace.store as store_module
+    import hybridtrace.store.commit as store_module
 
     data, store_root = tmp_path / "in", tmp_path / "store"
     monkeypatch.setattr(store_module, "COMPACT_MIN_BATCHES", 1_000)

@@ -156,3 +156,28 @@ def test_descriptors_are_drawn_for_reads_no_byte_model_sizes(tmp_path):
     html = render_html(data)
     assert 'id="chart-descriptors"' in html and 'id="chart-payload"' not in html
     assert "no engine that made the reads could be sized" in html
+
+
+def test_findings_are_grouped_by_kind_above_the_full_table(tmp_path):
+    """Each kind found: its count over all findings, its severities, its worst few with evidence."""
+    from hybridtrace.report.data import KIND_EXAMPLES
+
+    simulate(SimOptions(seed=8, duration_s=20, inject={"transfer_failed": 0.3, "padding_leak": 0.3}),
+             tmp_path / "b")  # fmt: skip
+    ingest([tmp_path / "b"], tmp_path / "s")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    found = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
+    assert {g["kind"]: g["count"] for g in data.kind_groups} == found
+    for group in data.kind_groups:
+        assert sum(group["by_severity"].values()) == group["count"]
+        assert 1 <= len(group["worst"]) <= KIND_EXAMPLES
+        assert all(f["kind"] == group["kind"] for f in group["worst"])
+        assert all("evidence_text" in f for f in group["worst"])
+    severities = ["error", "warning", "info"]
+    firsts = [severities.index(next(iter(g["by_severity"]))) for g in data.kind_groups]
+    assert firsts == sorted(firsts)  # the most severe kinds first
+    html = render_html(data)
+    grouped, table = html.index('id="findings-by-kind"'), html.index('id="findings-table"')
+    assert grouped < table
+    for group in data.kind_groups:
+        assert f'id="kind-{group["kind"]}"' in html[grouped:table]

@@ -20,20 +20,14 @@ def write_report(
     store: str | Path, out: str | Path, *, fmt: str = "html", config: str | None = None
 ) -> tuple[Path, ReportData]:
     """Analyse the store at ``store`` and write the report to ``out``; returns its path and data."""
-    from hybridtrace.store import Store
+    from hybridtrace.store.analysis import open_analysis
+    from hybridtrace.store.publish import publish_text
 
+    con = open_analysis(store, config=config)
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"{path}: is a folder; --out names the report file")
-    con = Store(store).connect()
     data = collect(con, store=str(store), config=config)
     text = render_html(data) if fmt == "html" else render_markdown(data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(path.name + ".tmp")
-    try:
-        staged.write_text(text, encoding="utf-8")
-        staged.replace(path)  # a reader never sees half a report
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot write the report: {exc.strerror or exc}") from exc
+    publish_text(text, path)  # a reader never sees half a report
     return path, data

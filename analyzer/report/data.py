@@ -16,12 +16,12 @@ from decimal import Decimal
 import duckdb
 
 from hybridtrace.analyze import Analysis, analyze, materialized
-from hybridtrace.analyze.thresholds import install as install_thresholds
-from hybridtrace.analyze.thresholds import load as load_thresholds
 from hybridtrace.kinds import KINDS
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
 FINDINGS_SHOWN = 500
+# How many findings of each kind the grouped view above the table shows, most severe first.
+KIND_EXAMPLES = 3
 # How many verify runs, and prompts whose outputs parted, the page lists (newest first).
 VERIFY_RUNS_SHOWN = 20
 VERIFY_ROWS_SHOWN = 200
@@ -44,6 +44,9 @@ class ReportData:
     intervals: list[dict]
     findings: list[dict]
     counts: dict[str, int] = field(default_factory=dict)
+    # one entry per kind found: kind, count, by_severity, worst (its first findings)
+    kind_groups: list[dict] = field(default_factory=list)
+    kind_examples: int = KIND_EXAMPLES
     verification_runs: list[dict] = field(default_factory=list)
     verifications: list[dict] = field(default_factory=list)  # the prompts whose outputs parted
 
@@ -76,11 +79,11 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
 
 
 def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None) -> ReportData:
-    """Analyse the store behind ``con`` and gather every section of the report."""
-    install_thresholds(con, load_thresholds(config))
-    thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
+    """Analyse the store behind ``con`` (from ``open_analysis``) and gather every section of the report."""
     with materialized(con):  # the analysis and the report views share one computation
         analysis = analyze(con, config=config)
+        # the thresholds the rules just read (the analysis installs those of ``config``)
+        thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
         data = ReportData(
             store=store,
             generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -123,10 +126,49 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
                 f"LIMIT {VERIFY_ROWS_SHOWN}",
             ),
         )
-    for finding in data.findings:
+    data.kind_groups = kind_groups(analysis, KIND_EXAMPLES)
+    for finding in [*data.findings, *(f for g in data.kind_groups for f in g["worst"])]:
         evidence = finding["evidence"].items()
         finding["evidence_text"] = ", ".join(f"{k} {_evidence_value(v)}" for k, v in evidence)
     return data
+
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
+    """Every kind found: how many findings, how many of each severity, and its ``examples`` worst.
+
+    The analysis sorts findings by severity first, so a kind's first rows are its most
+    severe; every count is over all findings, not only the ones the page lists.
+    """
+    table = analysis.table
+    if not table.num_rows:
+        return []
+    kinds = table["kind"].to_pylist()
+    severities = table["severity"].to_pylist()
+    first: dict[str, list[int]] = {}
+    by_severity: dict[str, dict[str, int]] = {}
+    for index, (kind, severity) in enumerate(zip(kinds, severities, strict=True)):
+        if len(first.setdefault(kind, [])) < examples:
+            first[kind].append(index)
+        counts = by_severity.setdefault(kind, {})
+        counts[severity] = counts.get(severity, 0) + 1
+    groups = []
+    for kind in kinds_in_order(dict.fromkeys(first, 1)):
+        if kind not in first:
+            continue
+        order = sorted(by_severity[kind].items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9))
+        severity_counts = dict(order)
+        groups.append({
+            "kind": kind,
+            "count": sum(severity_counts.values()),
+            "by_severity": severity_counts,
+            "worst": Analysis(table.take(first[kind]), analysis.inputs).rows(),
+        })  # fmt: skip
+    # the most severe kinds first, then the most frequent
+    groups.sort(key=lambda g: (_SEVERITY_ORDER.get(next(iter(g["by_severity"])), 9), -g["count"]))
+    return groups
 
 
 def _evidence_value(value: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hybridtrace.errors import UsageError
@@ -62,6 +63,25 @@ class SimOptions:
     seed: int = 0
     inject: dict[str, float] = field(default_factory=dict)
     start_ts: float = 1_776_765_600.0  # 2026-04-21 10:00:00 UTC
+
+    def check(self) -> None:
+        """Refuse options no deployment has, naming the ``simulate`` option to change."""
+        if self.era not in ("abort", "lease"):
+            raise UsageError("--era must be abort or lease")
+        if self.requests is not None and self.requests < 1:
+            raise UsageError("--requests must be at least 1")
+        if not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise UsageError("--rate must be a positive number of requests per second")
+        if self.median_prompt_tokens < 1:
+            raise UsageError("--median-prompt must be at least 1 token")
+        if not 0 <= self.cache_hit_rate <= 1:
+            raise UsageError("--cache-hit-rate must be between 0 and 1")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed {self.seed}: give a whole number from 0 to {2**32 - 1}")
+        if self.duration_s <= 0:
+            raise UsageError("--duration must be positive")
+        if self.prefill_engines < 1 or self.decode_engines < 1:
+            raise UsageError("--prefill and --decode need at least one engine each")
 
     def engines(self) -> list[EngineSpec]:
         out = []

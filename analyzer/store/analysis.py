@@ -1,0 +1,69 @@
+"""``open_analysis``: the one way the commands get a connection to a store for analysis.
+
+``query``, ``analyze``, ``explain``, ``report``, ``verify``, ``model --link-from``, the
+demo and the scheduled job all open the store here, so each gets the same connection: a
+clear error where there is no store, the raw views over committed files
+(``raw_views.py``), the ``engine_models`` view (every engine sized once,
+``engine_models.py``), the finding thresholds (defaults, or a file's ``[thresholds]``)
+and the SQL views of ``queries/``, each installed once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hybridtrace.errors import UsageError
+from hybridtrace.store.commit import Store
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+class NoStoreError(UsageError):
+    """The path names no hybridtrace store (no ``_meta.json`` under it)."""
+
+
+def open_analysis(
+    store: str | Path | Store,
+    *,
+    config: str | Path | None = None,
+    views: bool = True,
+    missing: str | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection on the store at ``store``, ready for the analysis.
+
+    ``config`` is a TOML file with a ``[thresholds]`` table (default: ./hybridtrace.toml
+    when there is one). ``views=False`` leaves out the thresholds and ``queries/`` (raw views
+    and ``engine_models`` only: what ``verify`` reads). ``missing`` replaces the hint of the
+    error raised where there is no store.
+    """
+    opened = store if isinstance(store, Store) else Store(store)
+    if not opened.exists():
+        where = str(store) if not isinstance(store, Store) else str(opened)
+        hint = missing if missing is not None else f" (run 'hybridtrace ingest PATH --store {where}' first)"
+        raise NoStoreError(f"{where}: no store here{hint}")
+    thresholds = None
+    if views:
+        from hybridtrace.analyze.thresholds import load as load_thresholds
+
+        thresholds = load_thresholds(config)  # a bad file is refused before the store is read
+    return analysis_connection(opened, thresholds=thresholds, views=views)
+
+
+def analysis_connection(
+    store: Store, *, thresholds: dict[str, float] | None = None, views: bool = True
+) -> duckdb.DuckDBPyConnection:
+    """Raw views, ``engine_models`` and (with ``views``) thresholds and ``queries/`` on ``store``."""
+    from hybridtrace.store.engine_models import register_engine_models
+    from hybridtrace.store.raw_views import raw_connection
+
+    con = raw_connection(store)
+    register_engine_models(con)
+    if views:
+        from hybridtrace.analyze.thresholds import install as install_thresholds
+        from hybridtrace.queries_loader import install_views
+
+        install_thresholds(con, thresholds)
+        install_views(con)
+    return con

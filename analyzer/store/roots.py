@@ -1,0 +1,225 @@
+"""Where a store's files live: a local folder or a bucket prefix, behind one small interface.
+
+The store (``commit.py``) speaks in paths relative to its root ("transfers/day=…/part-….
+parquet"); a root turns them into files. Locally a write goes to a temporary name, is
+fsynced and renamed, so a reader never sees half a file. In a bucket an object appears
+whole when its upload completes, so a write is one upload. Either way the store's
+commit record (its ``sources`` file) is written last. Each root also locks: a file lock
+locally, a lease in a bucket (both in ``leases.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from hybridtrace.errors import UsageError
+from hybridtrace.store.leases import LeaseHeld, bucket_lease, file_lock
+from hybridtrace.store.objects import Bucket, bucket, is_bucket, redact
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["PARQUET_OPTIONS", "BucketRoot", "LeaseHeld", "LocalRoot", "root_of"]
+
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}
+
+
+class LocalRoot:
+    """A store in a local folder."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.display = str(self.path)
+
+    def full(self, rel: str) -> str:
+        return str(self.path / rel)
+
+    def exists(self, rel: str) -> bool:
+        return (self.path / rel).exists()
+
+    def read_text(self, rel: str) -> str:
+        return (self.path / rel).read_text()
+
+    def make(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def write_text(self, rel: str, text: str) -> None:
+        target = self.path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # a name of its own: two processes may write the same file (the first _meta.json)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+
+    def write_parquet(self, table: pa.Table, rel: str) -> None:
+        path = self.path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(table, tmp, **PARQUET_OPTIONS)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        # The rename itself must reach the disk before anything that depends on it.
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        return [name for name, _ in self.list_sized(rel, pattern)]
+
+    def list_sized(self, rel: str, pattern: str = "part-*.parquet") -> list[tuple[str, int]]:
+        base = self.path / rel
+        if not base.exists():
+            return []
+        return sorted((str(p.relative_to(self.path)), p.stat().st_size) for p in base.rglob(pattern))
+
+    def leftovers(self) -> list[str]:
+        """Temporary files a killed write left."""
+        if not self.path.exists():
+            return []
+        return [str(p.relative_to(self.path)) for p in self.path.rglob("*.tmp")]
+
+    def delete(self, rel: str) -> None:
+        (self.path / rel).unlink(missing_ok=True)
+
+    def parquet_schema(self, rel: str) -> pa.Schema:
+        return pq.read_schema(self.path / rel)
+
+    def read_table(self, rel: str) -> pa.Table:
+        return pq.read_table(self.path / rel)
+
+    def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
+        """A FROM clause over ``files`` (DuckDB reads local Parquet itself)."""
+        listing = ", ".join("'" + self.full(f).replace("'", "''") + "'" for f in files)
+        return f"read_parquet([{listing}], union_by_name = true, hive_partitioning = false)"
+
+    def lock(self, name: str, lease_s: float, what: str) -> contextlib.AbstractContextManager[dict]:
+        """An exclusive file lock; the system releases it when the holder dies (``leases.py``)."""
+        return file_lock(self, name, lease_s, what)
+
+
+class BucketRoot:
+    """A store under a bucket prefix (s3://… or gs://…)."""
+
+    def __init__(self, where: Bucket) -> None:
+        self.where = where
+        self.fs = where.filesystem
+        self.display = where.uri
+
+    def full(self, rel: str) -> str:
+        return f"{self.where.path}/{rel}"
+
+    def _guard(self, action: str, error: Exception) -> UsageError:
+        return UsageError(f"{self.display}: cannot {action}: {redact(str(error))}")
+
+    def exists(self, rel: str) -> bool:
+        try:
+            return self.fs.get_file_info(self.full(rel)).type == pafs.FileType.File
+        except OSError as exc:
+            raise self._guard("read the store", exc) from exc
+
+    def read_text(self, rel: str) -> str:
+        try:
+            with self.fs.open_input_file(self.full(rel)) as handle:
+                return handle.read().decode(errors="replace")  # a damaged file fails as JSON
+        except (OSError, ValueError) as exc:
+            # ValueError: GCS replaced the object (a new generation) between open and read
+            raise self._guard(f"read {rel}", exc) from exc
+
+    def make(self) -> None:
+        bucket_name = self.where.path.split("/", 1)[0]
+        try:
+            if self.fs.get_file_info(bucket_name).type == pafs.FileType.NotFound:
+                raise UsageError(f"{self.where.scheme}://{bucket_name}: no such bucket")
+        except OSError as exc:
+            raise self._guard("reach the bucket", exc) from exc
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        try:
+            with self.fs.open_output_stream(self.full(rel), compression=None) as out:
+                out.write(data)
+        except OSError as exc:
+            raise self._guard(f"write {rel}", exc) from exc
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode())
+
+    def write_parquet(self, table: pa.Table, rel: str) -> None:
+        # One upload: the object is visible only once complete, so no temporary name.
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **PARQUET_OPTIONS)
+        self.write_bytes(rel, sink.getvalue().to_pybytes())
+
+    def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
+        return [name for name, _ in self.list_sized(rel, pattern)]
+
+    def list_sized(self, rel: str, pattern: str = "part-*.parquet") -> list[tuple[str, int]]:
+        import fnmatch
+
+        base = self.full(rel)
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        except OSError as exc:
+            raise self._guard("list the store", exc) from exc
+        prefix = self.where.path + "/"
+        out = [
+            (info.path[len(prefix):], info.size or 0)
+            for info in infos
+            if info.type == pafs.FileType.File and fnmatch.fnmatch(info.path.rsplit("/", 1)[-1], pattern)
+        ]
+        return sorted(out)
+
+    def leftovers(self) -> list[str]:
+        return []  # uploads are whole or absent
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._guard(f"delete {rel}", exc) from exc
+
+    def parquet_schema(self, rel: str) -> pa.Schema:
+        return pq.read_schema(self.full(rel), filesystem=self.fs)
+
+    def read_table(self, rel: str) -> pa.Table:
+        return pq.read_table(self.full(rel), filesystem=self.fs)
+
+    def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
+        """A FROM clause over ``files``: a pyarrow dataset registered with DuckDB.
+
+        DuckDB cannot reach buckets itself here (no httpfs), so pyarrow reads them; the
+        dataset's schema is the table's, so a column older files lack reads as null.
+        """
+        paths = [self.full(f) for f in files]
+        dataset = pads.dataset(paths, filesystem=self.fs, format="parquet", schema=schema)
+        con.register(f"_files_{name}", dataset)
+        return f"_files_{name}"
+
+    def lock(self, name: str, lease_s: float, what: str) -> contextlib.AbstractContextManager[dict]:
+        """A lease: held while renewed, taken over once expired (``leases.py``)."""
+        return bucket_lease(self, name, lease_s, what)
+
+
+def root_of(location: str | Path) -> LocalRoot | BucketRoot:
+    text = str(location)
+    if text.startswith("file://"):
+        from urllib.parse import urlsplit
+
+        text = urlsplit(text).path
+    return BucketRoot(bucket(text)) if is_bucket(text) else LocalRoot(text)
