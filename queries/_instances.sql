@@ -14,12 +14,5 @@
 -- A log read before its `Initializing NIXL worker` line falls back to the folder name;
 -- a real id from another read of the folder wins over that fallback.
 CREATE OR REPLACE VIEW _instance_engines AS
-SELECT instance, folder, coalesce(max(engine_id) FILTER (WHERE engine_id <> folder), folder) AS engine_id
-FROM (
-    SELECT regexp_extract(uri, '^(.*)/[^/]+$', 1) AS instance,
-           regexp_extract(uri, '([^/]+)/[^/]+$', 1) AS folder,
-           engine_id
-    FROM sources
-    WHERE format = 'vllm_log' AND engine_id IS NOT NULL
-)
-GROUP BY instance, folder;
+-- the one rule, shared with ingest: store/instances.py (_instance_folders)
+SELECT instance, folder, engine_id FROM _instance_folders;

@@ -66,16 +66,10 @@ WHERE j.windows > 0 AND j.slow_windows >= _t('slow_rank_windows') * j.windows;
 -- divide the other for ranks to pair).
 CREATE OR REPLACE VIEW _engine_settings AS
 WITH e AS (
-    SELECT engine_id,
-           arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
-           arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
-           _engine_block(block_tokens, groups, ts) AS block_tokens,
-           arg_max(mamba_cache_dtype, ts) FILTER (WHERE mamba_cache_dtype IS NOT NULL) AS conv_dtype,
-           arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
-           arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
-           bool_or(hybrid_allocator) AS hybrid_allocator,
-           _engine_tp(tp_size, ts, source_kind) AS tp_size
-    FROM engines GROUP BY engine_id
+    -- each setting as the engine's newest record says it (_engine_newest, store/engine_settings.py)
+    SELECT engine_id, kv_cache_dtype, kv_layout, block_tokens, mamba_cache_dtype AS conv_dtype,
+           mamba_ssm_cache_dtype AS ssm_dtype, mamba_cache_mode, hybrid_allocator, tp_size
+    FROM _engine_newest
 )
 SELECT e.engine_id,
        coalesce(m.kv_cache_dtype, nullif(e.kv_cache_dtype, 'auto')) AS kv_cache_dtype,

@@ -214,24 +214,16 @@ ORDER BY 1, 2, 3;
 -- @column vllm_version           when a record says
 CREATE OR REPLACE VIEW report_engines AS
 WITH e AS (
-    SELECT engine_id,
-           arg_max(role, ts) FILTER (WHERE role IS NOT NULL) AS role,
-           arg_max(model, ts) FILTER (WHERE model IS NOT NULL) AS model,
-           _engine_tp(tp_size, ts, source_kind) AS tp_size,
-           arg_max(kv_cache_dtype, ts) FILTER (WHERE kv_cache_dtype IS NOT NULL) AS kv_cache_dtype,
-           arg_max(mamba_ssm_cache_dtype, ts) FILTER (WHERE mamba_ssm_cache_dtype IS NOT NULL) AS ssm_dtype,
-           arg_max(kv_layout, ts) FILTER (WHERE kv_layout IS NOT NULL) AS kv_layout,
-           arg_max(mamba_cache_mode, ts) FILTER (WHERE mamba_cache_mode IS NOT NULL) AS mamba_cache_mode,
-           _engine_block(block_tokens, groups, ts) AS block_tokens,
-           arg_max(mamba_padding_pct, ts) FILTER (WHERE mamba_padding_pct IS NOT NULL) AS padding_pct,
+    -- each setting as the engine's newest record says it (_engine_newest, store/engine_settings.py)
+    SELECT engine_id, role, model, tp_size, kv_cache_dtype, mamba_ssm_cache_dtype AS ssm_dtype,
+           kv_layout, mamba_cache_mode, block_tokens, mamba_padding_pct AS padding_pct,
            -- staged as staging_copy judges it (_host_buffer_engines); a record that says
            -- nothing either way leaves it unknown, not "no"
            CASE WHEN engine_id IN (SELECT engine_id FROM _host_buffer_engines) THEN true
-                WHEN bool_or(use_host_buffer IS NOT NULL OR kv_buffer_device IS NOT NULL) THEN false
+                WHEN use_host_buffer IS NOT NULL OR kv_buffer_device IS NOT NULL THEN false
            END AS host_staging,
-           arg_max(vllm_version, ts) FILTER (WHERE vllm_version IS NOT NULL) AS vllm_version
-    FROM engines
-    GROUP BY engine_id
+           vllm_version
+    FROM _engine_newest
 ),
 -- every engine the store names, though only its reads or metrics know it
 ids AS (
