@@ -131,11 +131,12 @@ def test_the_findings_docs_tables_are_generated_from_the_registry():
 
 
 def test_the_simulator_injects_the_contract_kinds_with_their_declared_severity():
-    # the simulator writes its truth with a severity per kind; it must be the registry's
+    # the simulator writes its truth with a severity per kind, taken from the registry
     from hybridtrace.analyze.rules import CONTRACT_KINDS, KINDS_BY_NAME
     from hybridtrace.simulate.scenario import INJECTABLE
-    from hybridtrace.simulate.workload import _MESSAGES
+    from hybridtrace.simulate.workload import _MESSAGES, REQUEST_KINDS, _finding
 
     assert tuple(INJECTABLE) == CONTRACT_KINDS
-    for kind, (_, severity) in _MESSAGES.items():
-        assert severity == KINDS_BY_NAME[kind].severity, kind
+    assert set(REQUEST_KINDS) <= set(KINDS_BY_NAME) and set(_MESSAGES) == set(REQUEST_KINDS)
+    for kind in (*REQUEST_KINDS, "slow_rank"):
+        assert _finding(kind, "e")["severity"] == KINDS_BY_NAME[kind].severity, kind

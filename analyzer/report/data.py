@@ -16,7 +16,7 @@ from decimal import Decimal
 import duckdb
 
 from hybridtrace.analyze import Analysis, analyze, materialized
-from hybridtrace.kinds import KINDS
+from hybridtrace.analyze.rules import report_kinds
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
 FINDINGS_SHOWN = 500
@@ -155,7 +155,7 @@ def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
         counts = by_severity.setdefault(kind, {})
         counts[severity] = counts.get(severity, 0) + 1
     groups = []
-    for kind in kinds_in_order(dict.fromkeys(first, 1)):
+    for kind in report_kinds(dict.fromkeys(first, 1)):
         if kind not in first:
             continue
         order = sorted(by_severity[kind].items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9))
@@ -214,7 +214,3 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
     return Analysis(table.take(keep), analysis.inputs).rows()
 
 
-def kinds_in_order(by_kind: dict[str, int]) -> list[str]:
-    """The contract's kinds first, then any the project added, as the findings hold them."""
-    extra = sorted(k for k in by_kind if k not in KINDS)
-    return [*KINDS, *extra]

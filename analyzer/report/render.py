@@ -19,9 +19,10 @@ from pathlib import Path
 import jinja2
 
 from hybridtrace import __version__
+from hybridtrace.analyze.rules import report_kinds
 from hybridtrace.kinds import ALL_KINDS
 from hybridtrace.report.charts import Chart, build_charts
-from hybridtrace.report.data import ReportData, kinds_in_order
+from hybridtrace.report.data import ReportData
 from hybridtrace.units import format_bytes
 
 
@@ -148,7 +149,7 @@ def _context(data: ReportData, charts: list[Chart], empty: list[str]) -> dict:
         "inputs": data.inputs,
         "charts": charts,
         "empty_charts": empty,
-        "kinds": [k for k in kinds_in_order(by_kind) if k in by_kind],
+        "kinds": [k for k in report_kinds(by_kind) if k in by_kind],
         "docs": kind_docs(),
         "script_json": script_json,
     }

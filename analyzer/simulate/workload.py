@@ -23,19 +23,22 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from hybridtrace.analyze.rules import KINDS_BY_NAME
 from hybridtrace.model import ByteModel, SizingOptions, geometry_from_config, load_config, size_model
 from hybridtrace.simulate.scenario import EngineSpec, SimOptions
 
 KERNEL_BLOCK = 16  # physical attention block: descriptors are per kernel block
+# What each injected fault is, in the words of the demo's answer key; its severity is the
+# rule registry's (analyze/rules.py).
 _MESSAGES = {
-    "padding_leak": ("the recurrent state crossed as padded allocator pages", "warning"),
-    "staging_copy": ("the read went through a host staging buffer", "warning"),
-    "useless_boundary": ("KV moved past the boundary the decoder could resume from", "warning"),
-    "descriptor_bound": ("posting descriptors dominated the transfer", "warning"),
-    "kv_expired": ("the prefill engine released the blocks before they were read", "error"),
-    "transfer_failed": ("a NIXL read failed", "error"),
-    "unsharded_state": ("a decode rank pulled the whole recurrent state, not its shard", "warning"),
-    "recompute_cheaper": ("the handoff took longer than prefilling the missing prefix", "warning"),
+    "padding_leak": "the recurrent state crossed as padded allocator pages",
+    "staging_copy": "the read went through a host staging buffer",
+    "useless_boundary": "KV moved past the boundary the decoder could resume from",
+    "descriptor_bound": "posting descriptors dominated the transfer",
+    "kv_expired": "the prefill engine released the blocks before they were read",
+    "transfer_failed": "a NIXL read failed",
+    "unsharded_state": "a decode rank pulled the whole recurrent state, not its shard",
+    "recompute_cheaper": "the handoff took longer than prefilling the missing prefix",
 }
 REQUEST_KINDS = tuple(_MESSAGES)
 # The smallest per-read padding gap a padding leak is injected for: above the analyzer's
@@ -91,7 +94,8 @@ def normal(seed: int, stream: int, n: int, offset: int = 0) -> pl.Series:
 
 
 def _finding(kind: str, engine_id: str, **fields: object) -> dict:
-    message, severity = _MESSAGES.get(kind, ("", "warning"))
+    message = _MESSAGES.get(kind, "")
+    severity = KINDS_BY_NAME[kind].severity if kind in KINDS_BY_NAME else "warning"
     out = {
         "kind": kind,
         "severity": fields.pop("severity", severity),
@@ -478,7 +482,7 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
         hits = requests.filter(visible)
         if not hits.height:
             continue
-        message, severity = _MESSAGES[kind]
+        message, severity = _MESSAGES[kind], KINDS_BY_NAME[kind].severity
         rank = (
             pl.col("chosen_rank").cast(pl.String)
             if kind in ("unsharded_state", "transfer_failed")
@@ -505,7 +509,7 @@ def _findings(requests: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("post_sum") / pl.col("xfer_sum") >= 0.5)
     )  # fmt: skip
     if posting.height:
-        message, severity = _MESSAGES["descriptor_bound"]
+        message, severity = _MESSAGES["descriptor_bound"], KINDS_BY_NAME["descriptor_bound"].severity
         frames.append(
             _finding_lines(
                 posting,
