@@ -35,6 +35,14 @@ UNKNOWN = "unknown"
 EMPTY = "empty"
 
 
+def register(fmt: Format, before: str | None = None) -> None:
+    """Add ``fmt`` to the registry, last or just before the format called ``before``."""
+    if by_name(fmt.name) is not None or fmt.name in (UNKNOWN, EMPTY):
+        raise ValueError(f"a format called {fmt.name!r} is registered already")
+    names = [f.name for f in REGISTRY]
+    REGISTRY.insert(names.index(before) if before is not None else len(REGISTRY), fmt)
+
+
 def by_name(name: str | None) -> Format | None:
     """The registered format called ``name`` (None for unknown, empty or an old name)."""
     return next((fmt for fmt in REGISTRY if fmt.name == name), None)

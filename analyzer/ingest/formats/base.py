@@ -174,7 +174,8 @@ class Format:
 
     name: ClassVar[str]  # as `sources.format` and the summary's `by_format` name it
     resume: ClassVar[Resume]
-    tables: ClassVar[tuple[str, ...]]  # every table the parser may fill (rejects aside)
+    tables: ClassVar[tuple[str, ...]]  # every table the parser may fill (rejects aside), in schemas/
+    doc: ClassVar[str]  # the heading of its section in docs/ingest.md
 
     def sniff(self, head: Head) -> bool:
         """Whether ``head`` is the start of an object of this format."""

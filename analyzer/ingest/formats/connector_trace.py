@@ -62,6 +62,7 @@ class ConnectorTrace(Format):
     name = "connector_trace"
     resume = Resume.LINES
     tables = ("transfers", "requests", "engines", "log_events")
+    doc = "Connector trace"
 
     def sniff(self, head: Head) -> bool:
         from hybridtrace.ingest.trace import looks_like_trace

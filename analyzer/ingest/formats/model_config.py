@@ -92,6 +92,7 @@ class ModelConfig(Format):
     name = "model_config"
     resume = Resume.WHOLE
     tables = ("models",)
+    doc = "Model configs"
 
     def sniff(self, head: Head) -> bool:
         stripped = head.data.lstrip()

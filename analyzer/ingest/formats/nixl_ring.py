@@ -37,6 +37,7 @@ class NixlRing(Format):
     name = "nixl_ring"
     resume = Resume.NONE
     tables = ("nixl_transfers", "nixl_rings")
+    doc = "NIXL telemetry rings"
 
     def sniff(self, head: Head) -> bool:
         return looks_like_ring(head.data, head.size)

@@ -44,6 +44,7 @@ class Prometheus(Format):
     name = "prometheus"
     resume = Resume.WHOLE
     tables = ("prom_samples",)
+    doc = "Prometheus snapshots"
 
     def sniff(self, head: Head) -> bool:
         sample = head.data[:SNIFF_BYTES]

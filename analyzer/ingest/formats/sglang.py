@@ -37,6 +37,7 @@ class Sglang(Format):
     name = "sglang"
     resume = Resume.WHOLE
     tables = ("requests", "transfers", "engines", "prom_samples")
+    doc = "Other engines' transfer telemetry"
 
     def sniff(self, head: Head) -> bool:
         from hybridtrace.ingest.sglang import looks_like_sglang

@@ -35,6 +35,7 @@ class TrtllmCsv(Format):
     name = "trtllm_csv"
     resume = Resume.WHOLE
     tables = ("transfers", "engines")
+    doc = "Other engines' transfer telemetry"
 
     def sniff(self, head: Head) -> bool:
         from hybridtrace.ingest.trtllm import looks_like_trtllm

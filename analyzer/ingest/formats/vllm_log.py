@@ -197,6 +197,7 @@ class VllmLog(Format):
     name = "vllm_log"
     resume = Resume.LINES
     tables = ("log_events", "intervals", "engines")
+    doc = "vLLM server logs"
 
     def sniff(self, head: Head) -> bool:
         return _VLLM_LINE.search(head.data[:SNIFF_BYTES]) is not None
