@@ -48,6 +48,7 @@ from loggen import vllm_line
 from tracegen import dropped_record, engine_record, record, release_record
 
 from hybridtrace import trace_v1
+from hybridtrace.buckets import ObjectRef
 from hybridtrace.ingest.limits import LINE_LIMIT
 from hybridtrace.ingest.run import ingest
 from hybridtrace.schema import table_schema
@@ -679,11 +680,9 @@ def prom_object(draw: st.DrawFn) -> tuple[bytes, Expect]:
         _kept(COUNTER, {"engine": "0"}, "1"),
     ]
     lines = head + draw(st.lists(prom_line(), max_size=30))
-    # Detection looks at the whole lines of the first chunk only: a scrape of two lines, the
-    # last without its newline, is not recognised (the xfail test below). Cut short, a
-    # scrape here has three lines or more.
-    last_ending = draw(st.booleans()) or len(lines) < 3
-    return build(lines, draw(st.sampled_from([b"\n", b"\r\n"])), last_ending)
+    # detection sees the last line too when no newline ends it: a scrape of two lines, the
+    # last cut short, is still a scrape
+    return build(lines, draw(st.sampled_from([b"\n", b"\r\n"])), draw(st.booleans()))
 
 
 @examples(80)
@@ -697,11 +696,6 @@ def test_fuzz_prometheus(generated, gz):
         assert _parquet(root / "store", "prom_samples", "DISTINCT ts") == [(T0 + 10,)]  # the name's time
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="detection looks at the whole lines of an object's first chunk only, not at a last line "
-    "without its newline: one sample line is too few for a scrape, a config's first line '{' says nothing",
-)
 @pytest.mark.parametrize(
     ("name", "text", "fmt"),
     [
@@ -743,11 +737,9 @@ def config_object(draw: st.DrawFn) -> tuple[bytes, bool]:
     if mutation == "crlf":
         return text.replace(b"\n", b"\r\n"), True
     if mutation == "truncate":
-        # Detection reads the whole lines of the first chunk (the xfail test above): cut
-        # on the line that names the architectures, a config of several lines is not seen
-        # as one. Here the cut falls after that line's end.
-        line_end = text.find(b"\n", after)
-        return text[: draw(st.integers(after if line_end < 0 else line_end + 1, len(text) - 1))], False
+        # cut anywhere after the name of the architectures, even on that line: detection
+        # sees the last line that no newline ends, so it is still a config, and a broken one
+        return text[: draw(st.integers(after, len(text) - 1))], False
     if mutation == "bad_utf8":
         return text[:after] + draw(st.sampled_from(BAD_UTF8)) + text[after:], False
     if mutation == "nul":  # a raw control character in a string is no JSON
@@ -757,12 +749,6 @@ def config_object(draw: st.DrawFn) -> tuple[bytes, bool]:
     if mutation == "binary_tail":
         return text + b"\n" + draw(binary_line()), False
     return text, True
-
-
-# A config.json that does not parse gets a sources row with status error, and the next run
-# reads an object with an error row again: each run adds a row (analyzer/ingest/run.py).
-# Until that changes, the second run is checked only for configs that parse.
-MALFORMED_CONFIG_READ_ONCE = False
 
 
 @examples(40)
@@ -782,25 +768,43 @@ def test_fuzz_config_json(generated):
             assert _parquet(root / "store", "sources", "format, status") == [("model_config", "ok")]
         else:
             assert models == [] and rejects == [(0, "model_config")]
-            if not MALFORMED_CONFIG_READ_ONCE:
-                return  # see test_a_malformed_config_is_read_once
         files = _store_files(root / "store")
         with watchdog():
             second = ingest([root / "in"], root / "store")
         assert second.objects_read == 0 and _store_files(root / "store") == files
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run.py reads a config.json that does not parse again on every run (its sources row has "
-    "status error, and error rows are retried), one more row each time",
-)
 def test_a_malformed_config_is_read_once(tmp_path):
     put(tmp_path / "in" / "m", "config.json", b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 40')
     ingest([tmp_path / "in"], tmp_path / "store")
     files = _store_files(tmp_path / "store")
     again = ingest([tmp_path / "in"], tmp_path / "store")
     assert again.objects_read == 0 and _store_files(tmp_path / "store") == files
+    assert again.errors == 1 and "unchanged since" in again.error_messages[0]  # still an input problem
+    # mended, it is read again: its row, and the error is over
+    put(tmp_path / "in" / "m", "config.json", b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}')
+    mended = ingest([tmp_path / "in"], tmp_path / "store")
+    assert (mended.objects_read, mended.errors) == (1, 0)
+    assert _parquet(tmp_path / "store", "models", "architecture") == [("LlamaForCausalLM",)]
+    assert ingest([tmp_path / "in"], tmp_path / "store").errors == 0
+
+
+def test_an_object_the_run_could_not_read_is_tried_again(tmp_path, monkeypatch):
+    # a permission, a read cut short: the next run may read it, so it does
+    path = put(tmp_path / "in" / "m", "config.json", b'{"architectures": ["LlamaForCausalLM"]}')
+    real_open = ObjectRef.open
+
+    def refused(self):
+        if self.uri == str(path.resolve()):
+            raise PermissionError(13, "Permission denied", self.uri)
+        return real_open(self)
+
+    monkeypatch.setattr(ObjectRef, "open", refused)
+    assert ingest([tmp_path / "in"], tmp_path / "store").errors == 1
+    monkeypatch.setattr(ObjectRef, "open", real_open)
+    again = ingest([tmp_path / "in"], tmp_path / "store")
+    assert (again.objects_read, again.errors) == (1, 0)
+    assert _parquet(tmp_path / "store", "models", "architecture") == [("LlamaForCausalLM",)]
 
 
 # --- the commands: hybridtrace run --config job.toml, hybridtrace ingest ---------------------

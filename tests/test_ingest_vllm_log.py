@@ -454,10 +454,11 @@ def test_two_engines_logged_in_one_second_keep_their_intervals(tmp_path):
 def test_lines_split_the_same_on_every_path(block):
     # The block is split by polars' CSV reader when it can be; every shape it cannot take
     # goes the long way: both give each line as is, numbered alike.
-    from hybridtrace.ingest.run import _decode_lines, _decode_series, _Lines
+    from hybridtrace.ingest.formats.vllm_log import decode_series
+    from hybridtrace.ingest.stream import Lines, decode_lines
 
-    series, bad = _decode_series(_Lines(block), 1)
-    texts, bad_too = _decode_lines(_Lines(block), 1)
+    series, bad = decode_series(Lines(block), 1)
+    texts, bad_too = decode_lines(Lines(block), 1)
     assert series.to_list() == texts and bad == bad_too
     assert len(texts) == block.count(b"\n") + 1
 

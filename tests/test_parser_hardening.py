@@ -473,3 +473,19 @@ def test_a_log_holding_only_its_init_line_files_its_tp_size_under_its_engine(tmp
     write(tmp_path / "in" / "decode-0" / "vllm.log", line + "\n")
     ingest([tmp_path / "in"], tmp_path / "s")
     assert rows(tmp_path / "s", "SELECT engine_id, tp_size FROM engines") == [(ENGINE_ID, 2)]
+
+
+@pytest.mark.parametrize(
+    ("line", "is_trace"),
+    [
+        (b'{"v": 1, "type": "transfer", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", True),
+        (b'{"v": 2, "type": "transfer", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", False),
+        (b"[" * 100_000 + b"]" * 100_000, False),
+        (b'{"v": 1, "type": "transfer", "x": ' + b"[" * 100_000, False),  # cut short: no JSON at all
+    ],
+)
+def test_a_trace_line_deeper_than_the_parser_goes_is_judged_by_its_top_level(line, is_trace):
+    # looks_like_trace itself never raises on nesting, whoever calls it
+    from hybridtrace.ingest.trace import looks_like_trace
+
+    assert looks_like_trace(b"banner\n" + line + b"\n") is is_trace

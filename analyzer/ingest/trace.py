@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import duckdb
 import polars as pl
@@ -74,6 +75,42 @@ def _range_polars(f: Field) -> pl.Expr:
     return value.is_null() | held
 
 
+# One JSON token: a string, a structural character, or a bare scalar (number, true, null).
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]|[^\s"\[\]{},:]+')
+
+
+def _top_level(line: bytes) -> bytes:
+    """``line`` with every value nested below its top level replaced by null.
+
+    Read token by token, without recursion, so any depth is fine. A record's ``v`` and
+    ``type`` sit at the top level: what is below them cannot make a line a record or not.
+    """
+    out: list[bytes] = []
+    depth = 0
+    for token in _JSON_TOKEN.findall(line):
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth == 1:
+                out.append(token)  # the top level opens
+            elif depth == 2:
+                out.append(b"null")  # a nested value: null stands in for all of it
+        elif token in (b"]", b"}"):
+            if depth == 1:
+                out.append(token)  # the top level closes
+            depth -= 1
+        elif depth <= 1:
+            out.append(token)
+    return b" ".join(out)
+
+
+def _top_level_record(line: bytes) -> object:
+    """A line too deep for Python's parser, parsed down to its top level (None: no JSON)."""
+    try:
+        return json.loads(_top_level(line))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
 def looks_like_trace(head: bytes, lines: int = 8) -> bool:
     """True when one of the first ``lines`` non-blank lines is a v1 trace record.
 
@@ -90,6 +127,10 @@ def looks_like_trace(head: bytes, lines: int = 8) -> bool:
             record = json.loads(line)
         except (ValueError, UnicodeDecodeError):
             record = None
+        except RecursionError:
+            # Python's parser recurses once per level: a line nested deeper than it goes is
+            # judged by its top level, where a record's `v` and `type` sit
+            record = _top_level_record(line)
         if isinstance(record, dict) and record.get("v") == 1 and record.get("type") in RECORD_TYPES:
             return True
         seen += 1

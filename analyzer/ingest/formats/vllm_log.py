@@ -1,0 +1,206 @@
+"""vLLM's server log (``docs/ingest.md``, "vLLM server logs") as an input format.
+
+Parsing is ``hybridtrace.ingest.vllm_log``'s; this holds how a log is recognised, that it
+is read on as it grows (an event spanning lines at a chunk's end is kept back for the
+next chunk; a resumed read goes on from the latest stamp, for the year), and how its
+events, intervals and engine facts become ``log_events``, ``intervals`` and ``engines`` rows.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hybridtrace.ingest.detect import COLLECTOR_STAMP, LOGGING_PREFIX
+from hybridtrace.ingest.formats.base import Chunk, Format, Head, ObjectContext, Parsed, Parser, Resume
+from hybridtrace.ingest.rows import constant, rows_table, with_day
+from hybridtrace.ingest.stream import Lines, decode_lines
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from hybridtrace.buckets import ObjectRef
+    from hybridtrace.ingest import vllm_log
+
+# "(Worker_TP1 pid=306) INFO 04-21 10:02:11 [worker.py:367] ..." with or without the
+# process prefix, the opening bracket, or ANSI colour.
+_VLLM_LINE = re.compile(
+    # after a collector's stamp, then " | " or a space
+    rb"^(?:" + COLLECTOR_STAMP.encode() + rb"(?: \| | ))?"
+    rb"(?:\x1b\[[0-9;]*m)?(?:\([A-Za-z][\w]*(?: rank=\d+)? pid=\d+\)(?:\x1b\[[0-9;]*m)? )?"
+    rb"(?:" + LOGGING_PREFIX.encode() + rb" )?"
+    rb"(?:\x1b\[[0-9;]*m)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?:\x1b\[[0-9;]*m)? "
+    rb"(?:\x1b\[[0-9;]*m)?\d\d-\d\d \d\d:\d\d:\d\d",
+    re.MULTILINE,
+)
+SNIFF_BYTES = 16384
+HEAD_BYTES = 64 * 1024  # of a resumed log's head, for its TTY shape
+# The hash names an event by what the log says, not by where it was read, so the same
+# line in a rotated copy is a duplicate.
+_EVENT_HASH = "md5(concat_ws('|', process, level, stamp, message, request_id, kind))"
+
+
+def folder_engine_id(obj: ObjectRef) -> str:
+    """Without a NIXL engine id in the log, the instance is named by its folder."""
+    return obj.folder or obj.stem
+
+
+def tty_shape(path: Path) -> bool | None:
+    """Whether the log's lines all end with a carriage return (written through a TTY), from
+    its first lines; None when there are too few to say."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except OSError:
+        return None
+    lines = [line for line in head.split(b"\n")[:-1] if line]
+    if len(lines) < 2:
+        return None
+    return all(line.endswith(b"\r") for line in lines)
+
+
+def decode_series(lines: Lines, first_line: int) -> tuple[pl.Series, list[dict]]:
+    """Lines as a polars Series, split without a Python list when the block is valid UTF-8."""
+    import polars as pl
+
+    if not lines:
+        return pl.Series("raw", [], dtype=pl.String), []
+    block = lines.block
+    # polars' CSV reader splits and checks UTF-8 on every core, several times faster than
+    # decoding and splitting here; it would also take "\r" for part of a line end, a BOM
+    # for no text and the separator for a second field, so those blocks go the long way
+    if b"\r" not in block and b"\x1f" not in block and not block.startswith(b"\xef\xbb\xbf"):
+        try:
+            frame = pl.read_csv(block, has_header=False, separator="\x1f", quote_char=None,
+                                new_columns=["raw"], schema={"raw": pl.String})  # fmt: skip
+        except pl.exceptions.ComputeError:  # invalid UTF-8: said line by line below
+            frame = None
+        if frame is not None and frame.height == len(lines):  # a blank last line is dropped
+            return frame["raw"].fill_null(""), []
+    try:
+        text = lines.block.decode("utf-8")
+    except UnicodeDecodeError:
+        texts, bad = decode_lines(lines, first_line)
+        return pl.Series("raw", texts, dtype=pl.String), bad
+    return pl.Series("raw", [text]).str.split("\n").explode(), []
+
+
+def _event_columns() -> dict:
+    import polars as pl
+
+    return {
+        "ts": pl.Float64,
+        "process": pl.String,
+        "rank": pl.Int32,
+        "level": pl.String,
+        "line_number": pl.Int64,
+        "kind": pl.String,
+        "message": pl.String,
+        "stamp": pl.String,
+        "request_id": pl.String,
+        "remote_engine_id": pl.String,
+        "details": pl.String,
+    }
+
+
+def _event_table(result: vllm_log.LogResult) -> pa.Table | None:
+    import polars as pl
+
+    columns = _event_columns()
+    frames = [f.select(list(columns)).cast(columns) for f in result.event_frames]
+    if result.events:
+        frames.append(pl.DataFrame(result.events, schema=columns))
+    if not frames:
+        return None
+    return pl.concat(frames).to_arrow()
+
+
+class _LogParser(Parser):
+    def __init__(self, context: ObjectContext) -> None:
+        self.context = context
+        self.ctx: vllm_log.LogContext | None = None
+
+    def _context(self, first_line: int) -> vllm_log.LogContext:
+        from hybridtrace.ingest import vllm_log
+
+        context = self.context
+        ctx = vllm_log.LogContext(
+            uri=context.uri,
+            mtime=context.obj.mtime,
+            year=context.year,
+            tz=context.tz,
+            engine_id=context.engine_id,
+            fallback_engine_id=folder_engine_id(context.obj),
+        )
+        if first_line > 1 and context.obj.local is not None:
+            # a read resumed mid-file decides the TTY shape as the first read did, from
+            # the file's head, not from the few lines appended since
+            ctx.tty = tty_shape(context.obj.local)
+        ctx.resume_ts = context.resume_ts
+        return ctx
+
+    def feed(self, chunk: Chunk) -> Parsed:
+        from hybridtrace.ingest import vllm_log
+
+        if self.ctx is None:
+            self.ctx = self._context(chunk.first_line)
+        parsed = Parsed()
+        series, bad = decode_series(chunk.lines, chunk.first_line)
+        parsed.reject(bad)
+        result = vllm_log.LogResult()
+        vllm_log.parse_chunk(self.ctx, vllm_log.lines_frame(chunk.first_line, series), chunk.final, result)
+        engine_id = vllm_log.finish(self.ctx, result)
+        if result.engine.get("engine_id"):
+            self.ctx.engine_id = parsed.learned_engine_id = result.engine["engine_id"]
+        parsed.engine_id = engine_id
+        self._rows(parsed, chunk.source_id, result, engine_id)
+        carried = self.ctx.carry
+        parsed.kept_back = (sum(len(t.encode()) + 1 for _, t in carried), len(carried))
+        return parsed
+
+    def latest_ts(self) -> float | None:
+        if self.ctx is None:
+            return None
+        return self.ctx.latest_ts if self.ctx.latest_ts is not None else self.ctx.resume_ts
+
+    def _rows(self, parsed: Parsed, sid: str, result: vllm_log.LogResult, engine_id: str) -> None:
+        from hybridtrace.ingest import vllm_log
+
+        events = _event_table(result)
+        if events is not None:
+            query = f"SELECT * EXCLUDE (stamp), {_EVENT_HASH} AS event_hash FROM events"
+            hashed = self.context.connect().sql(query).to_arrow_table()
+            hashed = constant(constant(hashed, "engine_id", engine_id), "source_id", sid)
+            parsed.add("log_events", with_day(hashed, "ts"))
+        if result.intervals:
+            table = rows_table(vllm_log.intervals_with_starts(self.ctx, result.intervals))
+            for name, value in (("engine_id", engine_id), ("source_kind", "log"), ("source_id", sid)):
+                table = constant(table, name, value)
+            parsed.add("intervals", with_day(table, "end_ts"))
+        facts = {k: v for k, v in result.engine.items() if k != "engine_id"}
+        if facts:
+            first_ts = next((e["ts"] for e in result.events if e["ts"] is not None), None)
+            if first_ts is None and events is not None and events.num_rows:
+                first_ts = pc.min(events["ts"]).as_py()
+            facts.setdefault("ts", first_ts)
+            engine = {**facts, "engine_id": engine_id, "source_kind": "log", "source_id": sid,
+                      "line_number": 0}  # fmt: skip
+            parsed.add("engines", with_day(pa.Table.from_pylist([engine]), "ts"))
+        parsed.reject(result.rejects)
+
+
+class VllmLog(Format):
+    name = "vllm_log"
+    resume = Resume.LINES
+    tables = ("log_events", "intervals", "engines")
+    doc = "vLLM server logs"
+
+    def sniff(self, head: Head) -> bool:
+        return _VLLM_LINE.search(head.data[:SNIFF_BYTES]) is not None
+
+    def parser(self, context: ObjectContext) -> Parser:
+        return _LogParser(context)

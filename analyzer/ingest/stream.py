@@ -1,0 +1,174 @@
+"""Reading an object's bytes: gzip undone, a resumed read's start found, whole lines cut in chunks.
+
+Every format reads through these, so an object is streamed in bounded chunks whatever
+its size and whatever it holds; a format is given whole lines only (see ``formats.base``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+# A line longer than this is cut to it in a reject's `raw` column (as every parser cuts it).
+RAW_LIMIT = 512
+
+
+class Gunzip(gzip.GzipFile):
+    """A gzip reader that also closes the handle it reads from."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+        self._cut: BaseException | None = None
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes; a stream cut short gives what came before the cut first,
+        and its error on the next read (a plain GzipFile drops the whole request)."""
+        if self._cut is not None:
+            raise self._cut
+        if size is None or size < 0:
+            size = 1 << 62
+        parts, got = [], 0
+        while got < size:
+            try:
+                piece = super().read(min(size - got, 1 << 16))
+            except (EOFError, zlib.error, OSError) as exc:
+                if not parts:
+                    raise
+                self._cut = exc
+                break
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
+def open_from(raw: BinaryIO, start: int, compressed: bool, chunk_bytes: int) -> BinaryIO:
+    """The (decompressed) bytes of an open object from ``start``; closing it closes ``raw``."""
+    raw.seek(0 if compressed else start)
+    if not compressed:
+        return raw
+    handle: BinaryIO = Gunzip(raw)  # type: ignore[assignment]
+    remaining = start
+    while remaining:
+        skipped = handle.read(min(remaining, chunk_bytes))
+        if not skipped:
+            break
+        remaining -= len(skipped)
+    return handle
+
+
+def after_counted_line(handle: BinaryIO, offset: int) -> int:
+    """Where the next unread line starts: ``offset``, unless the last read took a last line
+    that had no newline yet (the file had gone quiet). Whatever was written after it, up
+    to its newline, is the rest of that line, which is counted already: it is passed over,
+    so no fragment is read as a line of its own and the numbering stays right."""
+    if offset < 1:
+        return offset
+    handle.seek(offset - 1)
+    if handle.read(1) == b"\n":
+        return offset
+    position = offset
+    while block := handle.read(1 << 16):
+        cut = block.find(b"\n")
+        if cut >= 0:
+            return position + cut + 1
+        position += len(block)
+    return position  # still no newline: all that was added continues the line
+
+
+class Lines:
+    """A block of whole lines (no final newline): split only by parsers that need it."""
+
+    __slots__ = ("_split", "block", "count")
+
+    def __init__(self, block: bytes, count: int | None = None) -> None:
+        self.block = block
+        self.count = (block.count(b"\n") + 1 if block else 0) if count is None else count
+        self._split: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def split(self) -> list[bytes]:
+        if self._split is None:
+            self._split = self.block.split(b"\n") if self.count else []
+        return self._split
+
+
+NO_LINES = Lines(b"", 0)
+
+
+def _seekable_line_chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[tuple[Lines, int, bytes]]:
+    """As line_chunks, for a plain file: seek back over the partial last line instead of
+    carrying it, which saves a copy of every chunk."""
+    while True:
+        data = handle.read(chunk_bytes)
+        if not data:
+            yield Lines(b"", 0), 0, b""
+            return
+        cut = data.rfind(b"\n")
+        if cut < 0 or len(data) < chunk_bytes:
+            break  # one long line, or the end of the file: finish the simple way
+        handle.seek(cut + 1 - len(data), os.SEEK_CUR)
+        yield Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, b""
+    pending = data
+    while True:
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            yield Lines(pending[:cut], pending.count(b"\n", 0, cut) + 1), cut + 1, pending[cut + 1 :]
+            pending = pending[cut + 1 :]
+        block = handle.read(chunk_bytes)
+        if not block:
+            break
+        pending += block
+    yield Lines(b"", 0), 0, pending
+
+
+def line_chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[tuple[Lines, int, bytes]]:
+    """(complete lines, bytes they take, unterminated tail so far) per chunk read; the last
+    item has no lines and no bytes, and the tail no newline ended."""
+    if handle.seekable() and not isinstance(handle, gzip.GzipFile):
+        yield from _seekable_line_chunks(handle, chunk_bytes)
+        return
+    pending = b""
+    while True:
+        block = handle.read(chunk_bytes)
+        if not block:
+            break
+        data = pending + block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            pending = data
+            continue
+        pending = data[cut + 1 :]
+        yield Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, pending
+    yield Lines(b"", 0), 0, pending
+
+
+def decode_lines(lines: Lines, first_line: int) -> tuple[list[str], list[dict]]:
+    """Text of each line; undecodable lines become rejects and empty text (numbering kept)."""
+    if not lines:
+        return [], []
+    try:
+        return lines.block.decode("utf-8").split("\n"), []
+    except UnicodeDecodeError:
+        texts, bad = [], []
+        for i, raw in enumerate(lines.split()):
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append("")
+                bad.append({"line_number": first_line + i, "reason": "invalid UTF-8",
+                            "raw": raw[:RAW_LIMIT].decode("utf-8", "backslashreplace")})  # fmt: skip
+        return texts, bad
