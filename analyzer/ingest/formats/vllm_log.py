@@ -20,10 +20,13 @@ from hybridtrace.ingest.formats.base import Chunk, Format, Head, ObjectContext, 
 from hybridtrace.ingest.rows import constant, rows_table, with_day
 from hybridtrace.ingest.stream import Lines, decode_lines
 
+# without a NIXL engine id in the log, the instance is named by its folder: one rule,
+# shared with the views (store/instances.py)
+from hybridtrace.store.instances import folder_engine_id
+
 if TYPE_CHECKING:
     import polars as pl
 
-    from hybridtrace.buckets import ObjectRef
     from hybridtrace.ingest import vllm_log
 
 # "(Worker_TP1 pid=306) INFO 04-21 10:02:11 [worker.py:367] ..." with or without the
@@ -42,11 +45,6 @@ HEAD_BYTES = 64 * 1024  # of a resumed log's head, for its TTY shape
 # The hash names an event by what the log says, not by where it was read, so the same
 # line in a rotated copy is a duplicate.
 _EVENT_HASH = "md5(concat_ws('|', process, level, stamp, message, request_id, kind))"
-
-
-def folder_engine_id(obj: ObjectRef) -> str:
-    """Without a NIXL engine id in the log, the instance is named by its folder."""
-    return obj.folder or obj.stem
 
 
 def tty_shape(path: Path) -> bool | None:
