@@ -62,6 +62,8 @@ def source_row(batch_id: str, uri: str, size: int | None, mtime: float | None, f
         "status": "ok",
         "message": None,
         "engine_id": None,
+        "envelope": None,
+        "instances": None,
         "ingested_at": time.time(),
         "schema_version": SCHEMA_VERSION,
     }
@@ -104,6 +106,7 @@ class ResumePoint:
     fmt: str | None = None  # None: detect the format again
     engine_id: str | None = None
     resume_ts: float | None = None
+    previous: dict | None = None  # the manifest row of the read this one goes on from
 
 
 def resume_point(last: dict | None, obj: ObjectRef, head: bytes, compressed: bool) -> ResumePoint:
@@ -123,7 +126,7 @@ def resume_point(last: dict | None, obj: ObjectRef, head: bytes, compressed: boo
     )
     if (same_object and last["status"] == "partial") or grown:
         return ResumePoint(last["end_offset"], last["end_line"] + 1, last["format"], last["engine_id"],
-                           last.get("end_ts"))  # fmt: skip
+                           last.get("end_ts"), last)  # fmt: skip
     return ResumePoint()
 
 

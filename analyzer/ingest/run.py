@@ -328,6 +328,7 @@ class _Ingest:
             return
         reader = _ObjectReader(self, obj, head_hash, version, compressed, point.fmt, point.engine_id)
         reader.resume_ts = point.resume_ts
+        reader.previous = point.previous
         try:
             with handle:
                 summary.objects_read += 1
@@ -414,6 +415,8 @@ class _ObjectReader:
         self.row: dict | None = None  # the manifest row of the slice being read
         self.resume_ts: float | None = None  # a resumed log's latest stamp so far
         self.cut_record = False  # the last record was cut short for good: a reject, not held back
+        self.previous: dict | None = None  # the manifest row of the read this one goes on from
+        self.manifest: dict = {}  # the format's own manifest columns, as its parser last set them
 
     def fail(self) -> dict:
         """Close the read's open manifest row (or add one) for the run to mark as an error."""
@@ -495,6 +498,7 @@ class _ObjectReader:
         row["start_line"] = line
         row["counts"] = {}
         row["engine_id"] = self.engine_id
+        row.update(self.manifest)
         self.job.batch.sources.append(row)
         self.row = row
         return row
@@ -520,7 +524,8 @@ class _ObjectReader:
             return 0, 0  # unknown or empty: read through, nothing to parse
         if self.parser is None:
             context = ObjectContext(self.obj, self.job.options.year, self.job.options.tz, self.job.connect,
-                                    engine_id=self.engine_id, resume_ts=self.resume_ts)  # fmt: skip
+                                    engine_id=self.engine_id, resume_ts=self.resume_ts,
+                                    previous=self.previous)  # fmt: skip
             self.parser = self.format.parser(context)
         parsed: Parsed = self.parser.feed(Chunk(lines, first_line, final, row["source_id"]))
         for name, table in parsed.tables:
@@ -532,6 +537,9 @@ class _ObjectReader:
             self.engine_id = parsed.learned_engine_id
         if parsed.engine_id is not None:
             row["engine_id"] = parsed.engine_id
+        if parsed.manifest:
+            self.manifest.update(parsed.manifest)
+            row.update(parsed.manifest)
         if parsed.error is not None:
             self.job.error(row, parsed.error)
         return parsed.kept_back

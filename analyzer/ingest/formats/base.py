@@ -96,6 +96,9 @@ class ObjectContext:
     connect: Callable[[], duckdb.DuckDBPyConnection]  # the run's DuckDB connection, opened on first use
     engine_id: str | None = None  # the engine a previous read of this object found
     resume_ts: float | None = None  # the latest stamp a previous read of this object found
+    # the manifest row of the read this one goes on from (None: read from the start), for
+    # what a format keeps in columns of its own (a vLLM log's envelope and instances)
+    previous: dict | None = None
 
     @property
     def uri(self) -> str:
@@ -124,6 +127,9 @@ class Parsed:
     engine_id: str | None = None  # the engine this read's rows belong to, for its manifest row
     learned_engine_id: str | None = None  # an engine id the object states: later slices start with it
     lines: int | None = None  # records read, for an object without lines (Resume.NONE)
+    # manifest columns of the format's own (sources.envelope, sources.instances), set on this
+    # read's row and on the rows of its later slices
+    manifest: dict = field(default_factory=dict)
 
     def add(self, table: str, rows: pa.Table) -> None:
         if rows.num_rows:

@@ -8,6 +8,7 @@ events, intervals and engine facts become ``log_events``, ``intervals`` and ``en
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from hybridtrace.ingest import vllm_log
+    from hybridtrace.ingest.envelope_log import EnvelopeLog
 
 # "(Worker_TP1 pid=306) INFO 04-21 10:02:11 [worker.py:367] ..." with or without the
 # process prefix, the opening bracket, or ANSI colour.
@@ -40,11 +42,22 @@ _VLLM_LINE = re.compile(
     rb"(?:\x1b\[[0-9;]*m)?\d\d-\d\d \d\d:\d\d:\d\d",
     re.MULTILINE,
 )
+# a CRI log line's opening (kubelet's container logs): stamp, stream, partial/full tag
+_CRI_START = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [PF]")
 SNIFF_BYTES = 16384
 HEAD_BYTES = 64 * 1024  # of a resumed log's head, for its TTY shape
 # The hash names an event by what the log says, not by where it was read, so the same
 # line in a rotated copy is a duplicate.
 _EVENT_HASH = "md5(concat_ws('|', process, level, stamp, message, request_id, kind))"
+
+
+def _instances(text: str | None) -> dict[str, str]:
+    """The manifest's record of each instance's engine id (sources.instances)."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def tty_shape(path: Path) -> bool | None:
@@ -121,6 +134,10 @@ class _LogParser(Parser):
     def __init__(self, context: ObjectContext) -> None:
         self.context = context
         self.ctx: vllm_log.LogContext | None = None
+        # the envelope the log's lines arrive in (envelopes.py): "" for a bare log, None
+        # until the first chunk says
+        self.envelope: str | None = None
+        self.enveloped: EnvelopeLog | None = None
 
     def _context(self, first_line: int) -> vllm_log.LogContext:
         from hybridtrace.ingest import vllm_log
@@ -141,9 +158,22 @@ class _LogParser(Parser):
         ctx.resume_ts = context.resume_ts
         return ctx
 
+    def _envelope(self, chunk: Chunk) -> str:
+        previous = self.context.previous
+        if previous is not None and previous.get("format") == VllmLog.name:
+            return previous.get("envelope") or ""  # a resumed read: as the read before found it
+        from hybridtrace.ingest.envelopes import sniff
+
+        head = chunk.lines.block[:HEAD_BYTES].decode("utf-8", "replace").split("\n")
+        return sniff(head) or ""
+
     def feed(self, chunk: Chunk) -> Parsed:
         from hybridtrace.ingest import vllm_log
 
+        if self.envelope is None:
+            self.envelope = self._envelope(chunk)
+        if self.envelope:
+            return self._feed_enveloped(chunk)
         if self.ctx is None:
             self.ctx = self._context(chunk.first_line)
         parsed = Parsed()
@@ -160,12 +190,51 @@ class _LogParser(Parser):
         parsed.kept_back = (sum(len(t.encode()) + 1 for _, t in carried), len(carried))
         return parsed
 
+    def _feed_enveloped(self, chunk: Chunk) -> Parsed:
+        """A log inside an envelope: unwrapped, then parsed per instance it names."""
+        from hybridtrace.ingest.envelope_log import EnvelopeLog, instance_key
+        from hybridtrace.ingest.envelopes import NO_INSTANCE, instance_from_path
+
+        context = self.context
+        log = self.enveloped
+        if log is None:
+            known = _instances((context.previous or {}).get("instances"))
+            if context.engine_id:
+                known.setdefault(instance_key(NO_INSTANCE), context.engine_id)
+            log = self.enveloped = EnvelopeLog(
+                kind=self.envelope or "", uri=context.uri, mtime=context.obj.mtime, year=context.year,
+                tz=context.tz, folder_engine_id=folder_engine_id(context.obj),
+                path_instance=instance_from_path(context.uri), engine_ids=known, resume_ts=context.resume_ts,
+            )  # fmt: skip
+        parsed = Parsed()
+        texts, bad = decode_lines(chunk.lines, chunk.first_line)
+        parsed.reject(bad)
+        sizes = [len(raw) for raw in chunk.lines.split()] if chunk.lines else []
+        results, rejects = log.parse(texts, chunk.first_line, chunk.final, sizes)
+        parsed.reject(rejects)
+        for item in results:
+            self._rows(parsed, chunk.source_id, item.result, item.engine_id, item.ctx)
+        unnamed = log.contexts.get(NO_INSTANCE)
+        engines = {item.engine_id for item in results}
+        if unnamed is not None:
+            parsed.engine_id = unnamed.engine_id or unnamed.fallback_engine_id
+            parsed.learned_engine_id = unnamed.engine_id
+        elif len(engines) == 1:
+            parsed.engine_id = next(iter(engines))
+        parsed.manifest = {"envelope": self.envelope, "instances": log.instances_json()}
+        parsed.kept_back = log.kept_back(chunk.first_line + len(chunk.lines))
+        return parsed
+
     def latest_ts(self) -> float | None:
+        if self.enveloped is not None:
+            latest = self.enveloped.latest_ts()
+            return latest if latest is not None else self.context.resume_ts
         if self.ctx is None:
             return None
         return self.ctx.latest_ts if self.ctx.latest_ts is not None else self.ctx.resume_ts
 
-    def _rows(self, parsed: Parsed, sid: str, result: vllm_log.LogResult, engine_id: str) -> None:
+    def _rows(self, parsed: Parsed, sid: str, result: vllm_log.LogResult, engine_id: str,
+              ctx: vllm_log.LogContext | None = None) -> None:  # fmt: skip
         from hybridtrace.ingest import vllm_log
 
         events = _event_table(result)
@@ -175,7 +244,7 @@ class _LogParser(Parser):
             hashed = constant(constant(hashed, "engine_id", engine_id), "source_id", sid)
             parsed.add("log_events", with_day(hashed, "ts"))
         if result.intervals:
-            table = rows_table(vllm_log.intervals_with_starts(self.ctx, result.intervals))
+            table = rows_table(vllm_log.intervals_with_starts(ctx or self.ctx, result.intervals))
             for name, value in (("engine_id", engine_id), ("source_kind", "log"), ("source_id", sid)):
                 table = constant(table, name, value)
             parsed.add("intervals", with_day(table, "end_ts"))
@@ -198,7 +267,15 @@ class VllmLog(Format):
     doc = "vLLM server logs"
 
     def sniff(self, head: Head) -> bool:
-        return _VLLM_LINE.search(head.data[:SNIFF_BYTES]) is not None
+        if _VLLM_LINE.search(head.data[:SNIFF_BYTES]) is not None:
+            return True
+        data = head.data.lstrip()
+        if data[:1] == b"{" or _CRI_START.match(data):
+            # vLLM lines inside a runtime's or collector's envelope (envelopes.py)
+            from hybridtrace.ingest.envelopes import sniff
+
+            return sniff(head.data.decode("utf-8", "replace").split("\n")) is not None
+        return False
 
     def parser(self, context: ObjectContext) -> Parser:
         return _LogParser(context)
