@@ -98,6 +98,8 @@ TABLES = (
     "verifications",
     "nixl_transfers",
     "nixl_rings",
+    "nixlbench_points",
+    "agent_map",
 )
 DERIVED = ("engine_models",)
 

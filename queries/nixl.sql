@@ -1,7 +1,28 @@
--- nixl_transfer_ranks: NIXL's own transfers (from its telemetry rings) beside the engine and
--- rank whose NIXL agent posted them; nixl_agent_intervals: NIXL's Prometheus exporters, per
--- agent and scrape interval.
+-- nixl: NIXL's own telemetry beside the engines and ranks its agents belong to: transfers from
+-- its telemetry rings (nixl_transfer_ranks) and its Prometheus exporters' counters per agent
+-- and scrape interval (nixl_agent_intervals).
 -- include: intervals
+
+-- _nixl_agents: which engine and TP rank each known NIXL agent belongs to. The connector's
+-- engine records (engines.agent_name) say it as measured; a user's agent map (agent_map,
+-- docs/ingest.md "Agent maps") names the agents no record does. Of several records or map
+-- entries for one agent, the newest wins.
+CREATE OR REPLACE VIEW _nixl_agents AS
+WITH recorded AS (
+    SELECT agent_name, arg_max(engine_id, coalesce(ts, 0)) AS engine_id, arg_max(rank, coalesce(ts, 0)) AS rank
+    FROM engines WHERE agent_name IS NOT NULL GROUP BY agent_name
+),
+given AS (
+    SELECT agent_name, arg_max(engine_id, ingested_at) AS engine_id, arg_max(rank, ingested_at) AS rank
+    FROM agent_map GROUP BY agent_name
+)
+SELECT agent_name, engine_id, rank, 'engine_record' AS mapped_by FROM recorded
+UNION ALL
+SELECT agent_name, engine_id, rank, 'agent_map' AS mapped_by FROM given
+WHERE agent_name NOT IN (SELECT agent_name FROM recorded);
+
+-- nixl_transfer_ranks: NIXL's own transfers (from its telemetry rings) beside the engine and
+-- rank whose NIXL agent posted them.
 --
 -- A ring is named after its agent, and vLLM names agents with random UUIDs; the connector's
 -- engine records carry each process's agent name (engines.agent_name), which is what maps a
@@ -10,7 +31,8 @@
 -- @column agent               NIXL agent name (the ring file's name)
 -- @column engine_id           engine whose process owns the agent; null when no record names it
 -- @column rank                that process's TP rank; null when unmapped
--- @column mapped              true when an engine record names the agent
+-- @column mapped              true when an engine record or the agent map names the agent
+-- @column mapped_by           engine_record (the connector's) or agent_map (the user's); null when unmapped
 -- @column direction           read (the agent pulled) or write
 -- @column post_us             NIXL's post time, µs
 -- @column xfer_us             NIXL's transfer time (post start to observed completion), µs
@@ -19,15 +41,13 @@
 -- @column seq                 the transfer's place in its ring snapshot
 -- @column snapshot_id         the read of the ring it was first seen in
 CREATE OR REPLACE VIEW nixl_transfer_ranks AS
-WITH agents AS (
-    SELECT agent_name, arg_max(engine_id, coalesce(ts, 0)) AS engine_id, arg_max(rank, coalesce(ts, 0)) AS rank
-    FROM engines WHERE agent_name IS NOT NULL GROUP BY agent_name
-)
+WITH agents AS (SELECT * FROM _nixl_agents)
 SELECT
     n.agent,
     a.engine_id,
     a.rank,
     a.agent_name IS NOT NULL AS mapped,
+    a.mapped_by,
     n.direction,
     n.post_us,
     n.xfer_us,
@@ -60,7 +80,8 @@ LEFT JOIN agents a ON a.agent_name = n.agent;
 -- @column local_rank          the exporter's local_rank label (prometheus_mp); null otherwise
 -- @column engine_id           engine whose process owns the agent; null when no engine record names it
 -- @column rank                that process's TP rank (from the engine record); null when unmapped
--- @column mapped              true when an engine record names the agent
+-- @column mapped              true when an engine record or the agent map names the agent
+-- @column mapped_by           engine_record or agent_map; null when unmapped
 -- @column start_ts            the scrape before, epoch s
 -- @column end_ts              this scrape, epoch s
 -- @column rx_bytes            bytes the agent received (its READs pulled, WRITEs into it)
@@ -105,12 +126,9 @@ per_scrape AS (
     WHERE agent_name IS NOT NULL
     GROUP BY ALL
 ),
-agents AS (
-    SELECT agent_name, arg_max(engine_id, coalesce(ts, 0)) AS engine_id, arg_max(rank, coalesce(ts, 0)) AS rank
-    FROM engines WHERE agent_name IS NOT NULL GROUP BY agent_name
-)
+agents AS (SELECT * FROM _nixl_agents)
 SELECT p.instance, p.target, p.agent_name, p.hostname, p.pid, p.agent_instance, p.local_rank,
-       a.engine_id, a.rank, a.agent_name IS NOT NULL AS mapped,
+       a.engine_id, a.rank, a.agent_name IS NOT NULL AS mapped, a.mapped_by,
        p.prev_ts AS start_ts, p.ts AS end_ts,
        CAST(p.rx_bytes AS BIGINT) AS rx_bytes, CAST(p.tx_bytes AS BIGINT) AS tx_bytes,
        CAST(p.rx_requests AS BIGINT) AS rx_requests, CAST(p.tx_requests AS BIGINT) AS tx_requests,

@@ -231,6 +231,6 @@ def test_every_registered_format_has_what_the_checklist_asks(fmt):
 def test_the_registry_keeps_the_order_of_precedence():
     # one name each, in the order detection asks them (docs/architecture.md says why)
     names = [f.name for f in formats.REGISTRY]
-    assert names == ["nixl_ring", "connector_trace", "model_config", "trtllm_csv", "sglang", "vllm_log",
-                     "prometheus"]  # fmt: skip
+    assert names == ["nixl_ring", "connector_trace", "model_config", "agent_map", "trtllm_csv", "sglang",
+                     "nixlbench", "vllm_log", "prometheus"]  # fmt: skip
     assert len(set(names)) == len(names)

@@ -109,3 +109,49 @@ def test_agents_map_to_engine_and_rank_through_the_connectors_records(store: Pat
     ).fetchall()
     # an agent no record names stays visible, unmapped
     assert rows == [("3f2a-rank0", "decode-0", 0, True), ("91c0-rank1", None, None, False)]
+
+
+@pytest.mark.parametrize("shape", ["csv", "toml"])
+def test_a_users_agent_map_names_the_agents_no_record_does(tmp_path: Path, store: Path, shape: str) -> None:
+    folder = tmp_path / "in" / "maps"
+    if shape == "csv":
+        text = ("agent_name,engine_id,rank\n91c0-rank1,decode-0,1\n3f2a-rank0,wrong-engine,5\n"
+                "no-engine,,2\nbad-rank,decode-0,x\n")  # fmt: skip
+        _put(folder / "agents.csv", text)
+    else:
+        text = ('# which agent is which\n[agents]\n"91c0-rank1" = { engine_id = "decode-0", rank = 1 }\n'
+                '"3f2a-rank0" = "wrong-engine"\n'
+                '"bad-rank" = { engine_id = "decode-0", rank = -1 }\n')  # fmt: skip
+        _put(folder / "agents.toml", text)
+    ingest([tmp_path / "in"], store)
+    con = Store(store).connect()
+    rows = con.sql(
+        "SELECT DISTINCT agent_name, engine_id, rank, mapped_by FROM nixl_agent_intervals ORDER BY 1"
+    ).fetchall()
+    # the connector's record wins over the map for the agent it names
+    assert rows == [
+        ("3f2a-rank0", "decode-0", 0, "engine_record"),
+        ("91c0-rank1", "decode-0", 1, "agent_map"),
+    ]
+    rejects = con.sql("SELECT reason FROM rejects WHERE uri LIKE '%agents%' ORDER BY line_number").fetchall()
+    expected = ["agent map entry whose rank is not a whole number"]  # "x"
+    if shape == "csv":
+        expected.insert(0, "agent map entry without agent_name or engine_id")
+    else:
+        expected = ["agent map entry whose rank is out of range"]  # -1
+    assert [r[0] for r in rejects] == expected
+    (fmt,) = {r[0] for r in con.sql("SELECT format FROM sources WHERE uri LIKE '%agents%'").fetchall()}
+    assert fmt == "agent_map"
+
+
+def test_an_unreadable_agent_map_is_an_error_row(tmp_path: Path) -> None:
+    _put(tmp_path / "in" / "agents.toml", "[agents]\n\"a\" = { engine_id = \n")
+    from typer.testing import CliRunner
+
+    from hybridtrace.cli import app
+
+    result = CliRunner().invoke(app, ["ingest", str(tmp_path / "in"), "--store", str(tmp_path / "s")])
+    assert result.exit_code == 2, result.output
+    con = Store(tmp_path / "s").connect()
+    ((status, message),) = con.sql("SELECT status, message FROM sources").fetchall()
+    assert status == "error" and message.startswith("agent map unreadable")

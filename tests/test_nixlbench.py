@@ -56,3 +56,31 @@ def test_the_pairwise_table_with_aggregate_columns():
 
 def test_other_text_is_not_nixlbench():
     assert not looks_like_nixlbench(b"INFO 04-21 10:02:11 [worker.py:367] hello")
+
+
+def test_nixlbench_output_is_ingested_as_calibration_points(tmp_path):
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import Store
+
+    text = "\n".join([
+        *config(Backend="UCX", Op_type="READ", Initiator_seg_type="DRAM", Target_seg_type="DRAM"),
+        *table(DEFAULT, [
+            ["4096", "16", "1.5", "3.3", "1.0", "2.0", "0.8", "1.5", "40.9", "60.0"],
+            ["1048576", "16", "11.0", "95.0", "1.1", "2.2", "1.2", "2.0", "1523.0", "1700.0"],
+            ["8192", "x", "1", "1", "1", "1", "1", "1", "1", "1"],
+        ]),
+    ]) + "\n"
+    path = tmp_path / "in" / "rdma-node7-node9" / "nixlbench.out"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    for _ in range(2):  # read again: nothing new
+        ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    rows = con.sql("SELECT link, backend, op_type, block_bytes, batch_size, request_bytes, xfer_us "
+                   "FROM nixlbench_points ORDER BY block_bytes").fetchall()  # fmt: skip
+    assert rows == [
+        ("rdma-node7-node9", "UCX", "READ", 4096, 16, 65536, 0.8 + 40.9),
+        ("rdma-node7-node9", "UCX", "READ", 1048576, 16, 16777216, 1.2 + 1523.0),
+    ]
+    assert con.sql("SELECT count(*) FROM rejects").fetchall() == [(1,)]
+    assert {r[0] for r in con.sql("SELECT format FROM sources").fetchall()} == {"nixlbench"}

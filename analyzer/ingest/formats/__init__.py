@@ -7,10 +7,12 @@ format") has the checklist, and ``tests/test_format_plugins.py`` checks it is co
 
 from __future__ import annotations
 
+from hybridtrace.ingest.formats.agent_map import AgentMap
 from hybridtrace.ingest.formats.base import Format, Head, Resume
 from hybridtrace.ingest.formats.connector_trace import ConnectorTrace
 from hybridtrace.ingest.formats.model_config import ModelConfig
 from hybridtrace.ingest.formats.nixl_ring import NixlRing
+from hybridtrace.ingest.formats.nixlbench import Nixlbench
 from hybridtrace.ingest.formats.prometheus import Prometheus
 from hybridtrace.ingest.formats.sglang import Sglang
 from hybridtrace.ingest.formats.trtllm_csv import TrtllmCsv
@@ -19,13 +21,16 @@ from hybridtrace.ingest.formats.vllm_log import VllmLog
 # Precedence: the first format whose sniff takes an object reads it. A binary format
 # (Resume.NONE) is asked first, on the raw bytes; then a trace (its records are JSON, as
 # a config is, but a config is one object), a config, the other engines by their own
-# markers (an SGLang log has vLLM-like lines), a vLLM log, a scrape.
+# markers (an SGLang log has vLLM-like lines), a user's agent map and nixlbench's output by
+# theirs, a vLLM log, a scrape.
 REGISTRY: list[Format] = [
     NixlRing(),
     ConnectorTrace(),
     ModelConfig(),
+    AgentMap(),
     TrtllmCsv(),
     Sglang(),
+    Nixlbench(),
     VllmLog(),
     Prometheus(),
 ]
