@@ -1,4 +1,4 @@
--- intervals: one row per `KV Transfer metrics` log line or per Prometheus scrape delta.
+-- intervals: one row per `KV Transfer metrics` log line or Prometheus scrape delta (vLLM's, pooled), and SGLang's per rank.
 -- include: _instances
 --
 -- Log rows come as parsed (_intervals_log). Scrape rows are differences between two
