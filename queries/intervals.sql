@@ -1,4 +1,4 @@
--- intervals: one row per `KV Transfer metrics` log line or per Prometheus scrape delta.
+-- intervals: one row per `KV Transfer metrics` log line or Prometheus scrape delta (vLLM's, pooled), and SGLang's per rank.
 -- include: _instances
 --
 -- Log rows come as parsed (_intervals_log). Scrape rows are differences between two
@@ -175,3 +175,105 @@ SELECT * REPLACE (
 FROM _intervals_log
 UNION ALL BY NAME
 SELECT * FROM _prom_intervals;
+
+-- sglang_rank_intervals: SGLang's KV-transfer histograms as per-rank intervals, beside the
+-- pooled ones of vLLM's scrapes in `intervals`.
+--
+-- An SGLang scheduler observes each request's transfer into the `sglang:kv_transfer_*`
+-- histograms, labelled with its tp_rank, pp_rank and dp_rank; a scrape holds every rank's
+-- series. One row per instance, target, series labels and scrape after the series' first:
+-- the growth of each histogram's _count and _sum (prom_deltas, resets included). MB and GB/s
+-- are SGLang's: MiB and GiB/s. The latency, size and speed histograms are observed on the
+-- prefill (sending) side; bootstrap and allocation on both. Releases that kept these as
+-- gauges (the last request's figure) give no rows: a gauge has no growth to read.
+-- engine_id is the folder's engine: a data-parallel rank is `dp_rank`, since the scrape
+-- cannot tell whether the log named it an engine of its own (it does when DP is above one).
+--
+-- @column start_ts               the previous scrape of the series, epoch s
+-- @column end_ts                 this scrape, epoch s
+-- @column engine_id              engine of the scrape's folder (_instance_engines)
+-- @column instance               path of the folder the scrape was found in
+-- @column target                 the scraped server of a federated scrape; empty otherwise
+-- @column tp_rank                the tp_rank label
+-- @column pp_rank                the pp_rank label
+-- @column dp_rank                the dp_rank label (null when the series has none)
+-- @column transfers              transfers the rank finished in the interval (latency _count)
+-- @column avg_latency_s          mean transfer latency, seconds (ratio of sums)
+-- @column p90_latency_s          upper bound of the latency bucket holding the 90th percentile, seconds
+-- @column transported_bytes      bytes the transfers reported (kv_transfer_total_mb _sum × 2²⁰)
+-- @column avg_mib_per_transfer   MiB per transfer
+-- @column throughput_mib_s       MiB over the summed latency
+-- @column avg_reported_gib_s     mean of the per-transfer speeds SGLang reported, GiB/s
+-- @column avg_bootstrap_s        mean bootstrap time, seconds
+-- @column avg_alloc_s            mean wait for KV allocation, seconds
+-- @column failed_transfers       requests whose transfer failed (num_transfer_failed_reqs_total)
+-- @column failed_bootstraps      requests whose bootstrap failed (num_bootstrap_failed_reqs_total)
+-- @column source_id              the scrape's source (sources.source_id)
+-- @column line_number            first line of this scrape's samples of the rank
+-- @column day                    UTC day of end_ts
+CREATE OR REPLACE VIEW sglang_rank_intervals AS
+WITH d AS (
+    SELECT * FROM prom_deltas WHERE metric LIKE 'sglang:%' AND delta IS NOT NULL
+),
+p90 AS (
+    SELECT b.instance, b.target, b.labels, b.ts,
+           min(b.le) FILTER (WHERE b.delta >= 0.9 * c.delta AND c.delta > 0) AS p90_ms
+    FROM d b
+    JOIN d c
+      ON c.instance = b.instance AND c.target = b.target AND c.labels = b.labels AND c.ts = b.ts
+     AND c.metric = 'sglang:kv_transfer_latency_ms_count'
+    WHERE b.metric = 'sglang:kv_transfer_latency_ms_bucket'
+    GROUP BY ALL
+),
+per_scrape AS (
+    SELECT instance, target, labels, ts,
+           any_value(prev_ts) AS prev_ts,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_latency_ms_count') AS n,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_latency_ms_sum') AS latency_ms,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_total_mb_count') AS size_n,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_total_mb_sum') AS mib,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_speed_gb_s_count') AS speed_n,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_speed_gb_s_sum') AS gib_s,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_bootstrap_ms_count') AS bootstrap_n,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_bootstrap_ms_sum') AS bootstrap_ms,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_alloc_ms_count') AS alloc_n,
+           sum(delta) FILTER (WHERE metric = 'sglang:kv_transfer_alloc_ms_sum') AS alloc_ms,
+           sum(delta) FILTER (WHERE metric = 'sglang:num_transfer_failed_reqs_total') AS failed,
+           sum(delta) FILTER (WHERE metric = 'sglang:num_bootstrap_failed_reqs_total') AS bootstrap_failed,
+           -- a family whose growth nothing here reads (a gauge) makes no interval of its own
+           count(*) FILTER (WHERE regexp_matches(metric, '_(count|sum|total)$')) AS read_samples,
+           any_value(source_id) AS source_id,
+           min(line_number) AS line_number,
+           any_value(day) AS day
+    FROM d
+    WHERE le IS NULL
+    GROUP BY instance, target, labels, ts
+)
+SELECT
+    s.prev_ts AS start_ts,
+    s.ts AS end_ts,
+    coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
+    s.instance,
+    s.target,
+    TRY_CAST(json_extract_string(s.labels, '$.tp_rank') AS INTEGER) AS tp_rank,
+    TRY_CAST(json_extract_string(s.labels, '$.pp_rank') AS INTEGER) AS pp_rank,
+    TRY_CAST(json_extract_string(s.labels, '$.dp_rank') AS INTEGER) AS dp_rank,
+    CAST(s.n AS BIGINT) AS transfers,
+    s.latency_ms / 1000.0 / nullif(s.n, 0) AS avg_latency_s,
+    p.p90_ms / 1000.0 AS p90_latency_s,
+    CAST(round(s.mib * 1048576.0) AS BIGINT) AS transported_bytes,
+    s.mib / nullif(s.size_n, 0) AS avg_mib_per_transfer,
+    s.mib / nullif(s.latency_ms / 1000.0, 0) AS throughput_mib_s,
+    s.gib_s / nullif(s.speed_n, 0) AS avg_reported_gib_s,
+    s.bootstrap_ms / 1000.0 / nullif(s.bootstrap_n, 0) AS avg_bootstrap_s,
+    s.alloc_ms / 1000.0 / nullif(s.alloc_n, 0) AS avg_alloc_s,
+    CAST(s.failed AS BIGINT) AS failed_transfers,
+    CAST(s.bootstrap_failed AS BIGINT) AS failed_bootstraps,
+    s.source_id,
+    s.line_number,
+    s.day
+FROM per_scrape s
+LEFT JOIN _instance_engines e
+  ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance)
+LEFT JOIN p90 p ON p.instance = s.instance AND p.target = s.target AND p.labels = s.labels AND p.ts = s.ts
+WHERE s.read_samples > 0;

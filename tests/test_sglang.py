@@ -144,11 +144,13 @@ def test_bad_lines_are_rejects_with_line_numbers():
 
 
 def test_mamba_state_components_are_over_counted_by_sglang():
-    """A hybrid Mamba model at TP 1 whose recurrent state is registered as two components (conv and
-    SSM state, one slot each): SGLang multiplies the two indices by the sum of both components' sizes."""
+    """One rank of a hybrid Mamba model whose recurrent state is registered as two components (conv
+    and SSM state, one slot each): SGLang multiplies the two indices by the sum of both components'
+    sizes. (Parsed only: the byte check of the same over-count, ingested and analysed, is the case
+    tests/cases/finding_reported_bytes_excess/sglang_mamba_state_overcount.)"""
     b = 6144  # attention bytes per token: 6 layers x K and V x 2 heads x 128 x 2 bytes
     kv_item_lens = [512] * 12  # page size 1: one item per token per K/V buffer
-    conv, ssm = 516_096, 18_350_080  # per-slot bytes of the 28 recurrent layers
+    conv, ssm = 516_096, 18_350_080  # one slot's bytes of the 28 recurrent layers (Nemotron Nano, TP 4, bf16)
     tokens = 4096
     reported = sglang_total_bytes(tokens, kv_item_lens, [[7], [7]], [[conv], [ssm]])
     logical = b * tokens + (conv + ssm)

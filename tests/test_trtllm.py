@@ -209,3 +209,32 @@ def test_other_csvs_are_not_taken():
         1,
         "not a TensorRT-LLM transfer CSV header",
     )
+
+
+def test_python_send_rows_reach_the_byte_check_but_no_file_sizes_the_engine(tmp_path):
+    """Through ``ingest``: a context rank's KVSendTask rows of one request are one `reported_bytes`
+    row (the peers' parts summed: 1,048,576 + 2,097,152 = 3,145,728 B, exact); the receive row is
+    not judged. The files name no TP size and no token count, so the row says why it is not
+    judged instead of being guessed at (the case finding_reported_bytes_excess/trtllm_python_bytes
+    judges such rows where the model and the request are known)."""
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import Store
+
+    send = {"task": "KVSendTask", "rid": 77, "entries": 256, "prep_ms": 0.1, "queue_ms": 0.2, "xfer_ms": 1.5,
+            "task_ms": 2.0}  # fmt: skip
+    data = python_task_csv([
+        {**send, "stamp": "2026-04-21 10:00:00.123", "peer": 1, "size": 1048576},
+        {**send, "stamp": "2026-04-21 10:00:00.124", "peer": 0, "size": 2097152},
+        {"stamp": "2026-04-21 10:00:00.300", "task": "KVRecvTask", "rid": 77, "peer": 0, "size": 1048576},
+    ])  # fmt: skip
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "ctx0_2.csv").write_bytes(data)
+    columns = "engine_id, request_id, rank, send_rows, peers, transported_bytes, unsized"
+    sql = f"SELECT {columns} FROM reported_bytes"
+    no_tp = "byte model: TP size unknown (no trace engine record or worker names in the log)"
+    for model, why in ((None, "no model config serves the engine"), ("nemotron-nano-12b-v2", no_tp)):
+        store = tmp_path / f"store-{model}"
+        ingest([tmp_path / "in"], store, model=model)
+        con = Store(store).connect()
+        assert con.sql(sql).fetchall() == [("ctx0", "77", 2, 2, 2, 3145728, why)]
+        assert con.sql("SELECT count(*) FROM finding_reported_bytes_excess").fetchall() == [(0,)]

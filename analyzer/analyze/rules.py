@@ -93,6 +93,9 @@ KIND_LIST: tuple[Kind, ...] = (
          "rounding hides it)", "native"),
     Kind("native_unexplained", "warning", "native interval bytes fit no reading of the engine's byte model",
          "native"),
+    Kind("reported_bytes_excess", "warning", "a TensorRT-LLM or SGLang rank reported sending more bytes "
+         "than the request's tokens and state explain (the engine's own count, held against the byte model)",
+         "native"),
     Kind("output_mismatch", "error", "the P/D deployment's greedy output parted from a colocated control's, "
          "not at a near tie (`hybridtrace verify`)", "verify"),
 )  # fmt: skip
@@ -141,6 +144,12 @@ RULES: tuple[Rule, ...] = (
     Rule("native_counters", "native_bytes", ("transfer_failed", "kv_expired"), "engine",
          "SELECT count(*) FROM intervals", "intervals", basis="counters",
          tests=("tests/test_native_bytes.py::test_failures_only_the_counters_saw_are_reported",)),
+    # judged per sending rank of another engine's request: those requests are not vLLM's
+    # decode-side handoffs, so the scope does not start with 'request' (no _handoff_findings)
+    Rule("reported_bytes_excess", "findings_other_engines", ("reported_bytes_excess",),
+         "sending rank + request", "SELECT count(*) FROM reported_bytes WHERE unsized IS NULL",
+         "TensorRT-LLM and SGLang ranks' reported byte counts the byte model sizes",
+         ("link_bytes_per_s",)),
     # the outputs compared: a prompt that got no answer was not
     Rule("output_mismatch", "findings_verify", ("output_mismatch",), "request",
          "SELECT count(*) FROM verifications WHERE status <> 'error'", "outputs compared", after_others=True,

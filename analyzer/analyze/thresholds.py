@@ -75,6 +75,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "the decoder's prefill rate for requests without a measured prefill_s, tokens/s; "
         "0 estimates it from the engine's peak logged prompt throughput",
     ),
+    Threshold(
+        "link_bytes_per_s",
+        50e9,
+        "bytes per second one rank's link carries at most (50e9: a 400 Gb/s NIC); a speed an engine "
+        "reports above it is named beside its byte excess",
+        low_open=True,
+    ),
 )
 DEFAULTS = {t.name: t.default for t in THRESHOLDS}
 

@@ -32,7 +32,7 @@ from hybridtrace.units import EPOCH_RANGE
 
 RAW_LIMIT = 512
 NOT_A_SAMPLE = "not a Prometheus sample line"
-KEEP_PREFIXES = ("vllm:nixl_", "vllm:prompt_tokens_by_source", "agent_")
+KEEP_PREFIXES = ("vllm:nixl_", "vllm:prompt_tokens_by_source", "agent_", "sglang:kv_transfer_", "sglang:num_transfer_failed_reqs", "sglang:num_bootstrap_failed_reqs")  # noqa: E501
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)"
