@@ -206,3 +206,26 @@ def test_scrape_keeps_the_transfer_families_per_rank():
         (7, "counter value is not a finite number"),
         (8, "sample line whose labels do not parse"),
     ]
+
+
+@pytest.mark.parametrize("launch", [
+    # later releases: behind the logger's level and place
+    "[2026-04-21 09:59:00] INFO engine.py:177: server_args=ServerArgs("
+    "model_path='nvidia/NVIDIA-Nemotron-Nano-12B-v2', tokenizer_path='nvidia/NVIDIA-Nemotron-Nano-12B-v2', "
+    "tp_size=2, pp_size=1, dp_size=1, kv_cache_dtype='auto', page_size=1, disaggregation_mode='prefill', "
+    "enable_dp_attention=False)",
+    # earlier ones: bare, and with DP attention splitting the TP group among data-parallel ranks
+    "[2026-04-21 09:59:00] server_args=ServerArgs(model_path='/models/nemotron', served_model_name="
+    "'nvidia/NVIDIA-Nemotron-Nano-12B-v2', tp_size=4, dp_size=2, enable_dp_attention=True, page_size=1)",
+])  # fmt: skip
+def test_the_launch_line_gives_the_tp_size_and_model(launch):
+    # the TP size no Req Time Stats prefix says (it names a rank, not a size)
+    log = "\n".join([
+        launch,
+        req_line("2026-04-21 10:00:01", " TP1", "r1", 11, 100, 1, "prefill",
+                 prefill_stats_newest(100 * 6144, 0.004)),
+    ])  # fmt: skip
+    tables, rejects = parse_sglang(log.encode(), "src", name="/logs/prefill-0/server.log")
+    assert rejects == []
+    ((engine,),) = [[(e["tp_size"], e["model"], e["block_tokens"]) for e in tables["engines"].to_pylist()]]
+    assert engine == (2, "nvidia/NVIDIA-Nemotron-Nano-12B-v2", 1)

@@ -45,6 +45,13 @@ _HEAD = re.compile(
     r"output len=(?P<output>\d+)(?:, [^=,]+=[^,]*)*, type=(?P<type>\w+)(?:, .*)?$"
 )
 _RANKS = re.compile(r"([A-Z_]+?)(\d+)")
+# The launch line every SGLang server logs (`server_args=ServerArgs(model_path='…', …, tp_size=2, …)`,
+# behind `INFO engine.py:177: ` in later releases): the only place its TP size is written.
+_SERVER_ARGS = "server_args=ServerArgs("
+_ARG_INT = {name: re.compile(rf"[(, ]{name}=(\d+)[,)]") for name in ("tp_size", "dp_size", "page_size")}
+_ARG_STR = {name: re.compile(rf"[(, ]{name}='([^']*)'") for name in ("model_path", "served_model_name",
+                                                                  "kv_cache_dtype")}  # fmt: skip
+_DP_ATTENTION = re.compile(r"[(, ]enable_dp_attention=True[,)]")
 _TOTAL = re.compile(r"transfer_total=(\S+?) ?MB\b")
 _SPEED = re.compile(r"transfer_speed=(\S+?) ?GB/s")
 _PROM_NAMES = ("sglang:kv_transfer_", "sglang:num_transfer_failed_reqs", "sglang:num_bootstrap_failed_reqs")
@@ -94,10 +101,36 @@ def _float(pattern: re.Pattern[str], text: str) -> tuple[float | None, str | Non
     return value, None
 
 
+def server_args(data: bytes) -> dict:
+    """The engine facts of the log's last `server_args=ServerArgs(…)` line: TP size (per
+    data-parallel engine), model, KV cache dtype, page size; empty without such a line."""
+    at = data.rfind(_SERVER_ARGS.encode())
+    if at < 0:
+        return {}
+    end = data.find(b"\n", at)
+    line = data[at : end if end >= 0 else len(data)].decode("utf-8", "replace")
+    found: dict = {}
+    ints = {name: int(m.group(1)) for name, p in _ARG_INT.items() if (m := p.search(line))}
+    texts = {name: m.group(1) for name, p in _ARG_STR.items() if (m := p.search(line))}
+    tp, dp = ints.get("tp_size"), ints.get("dp_size") or 1
+    if tp:
+        # with DP attention the data-parallel ranks split the TP group; else each replica has it whole
+        found["tp_size"] = tp // dp if _DP_ATTENTION.search(line) and dp > 1 and tp % dp == 0 else tp
+    model = texts.get("served_model_name") or texts.get("model_path")
+    if model:
+        found["model"] = model
+    if texts.get("kv_cache_dtype") and texts["kv_cache_dtype"] != "auto":
+        found["kv_cache_dtype"] = texts["kv_cache_dtype"]
+    if ints.get("page_size"):
+        found["block_tokens"] = ints["page_size"]
+    return found
+
+
 def _parse_log(
     data: bytes, source_id: str, engine: str, year: int | None, tz: str
 ) -> tuple[dict[str, list[dict]], list[tuple[int, str, str]]]:
     zone = ZoneInfo(tz)
+    facts = server_args(data)
     rows: dict[str, list[dict]] = {"requests": [], "transfers": [], "engines": []}
     rejects: list[tuple[int, str, str]] = []
     seen_engines: set[tuple[str, int]] = set()
@@ -165,6 +198,7 @@ def _parse_log(
                     "rank": rank,
                     "tp_size": 1 if "TP" not in ranks else None,
                     "source_kind": SOURCE_KIND,
+                    **facts,  # the launch line's TP size, model, dtype and page size, when logged
                 }
             )
     return rows, rejects
