@@ -32,7 +32,15 @@ from hybridtrace.units import EPOCH_RANGE
 
 RAW_LIMIT = 512
 NOT_A_SAMPLE = "not a Prometheus sample line"
-KEEP_PREFIXES = ("vllm:nixl_", "vllm:prompt_tokens_by_source", "agent_", "sglang:kv_transfer_", "sglang:num_transfer_failed_reqs", "sglang:num_bootstrap_failed_reqs")  # noqa: E501
+KEEP_PREFIXES = (
+    "vllm:nixl_",
+    "vllm:prompt_tokens_by_source",
+    "agent_",
+    # SGLang's transfer families, per rank (sglang_rank_intervals)
+    "sglang:kv_transfer_",
+    "sglang:num_transfer_failed_reqs",
+    "sglang:num_bootstrap_failed_reqs",
+)
 
 _SAMPLE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)"
