@@ -234,3 +234,10 @@ def test_the_registry_keeps_the_order_of_precedence():
     assert names == ["nixl_ring", "connector_trace", "model_config", "agent_map", "trtllm_csv", "sglang",
                      "nixlbench", "vllm_log", "prometheus"]  # fmt: skip
     assert len(set(names)) == len(names)
+
+
+def test_the_manifest_docs_name_every_registered_format():
+    from hybridtrace.schema import table_schema
+
+    (doc,) = [c.doc for c in table_schema("sources").columns if c.name == "format"]
+    assert all(fmt.name in doc for fmt in formats.REGISTRY), doc
