@@ -303,3 +303,68 @@ def test_gzip_and_bad_lines_inside_an_envelope(tmp_path: Path) -> None:
     assert con.sql("SELECT line_number FROM rejects ORDER BY 1").fetchall() == [(4,), (6,)]
     bare = _ingest(tmp_path, "bare", "\n".join(lines) + "\n")
     assert _tables(tmp_path / "s")["intervals"] == bare["intervals"]
+
+
+# -- fuzzing: generated envelope objects, valid records mixed with broken ones -------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from loggen import kv_metrics, vllm_line  # noqa: E402
+
+_FUZZ = int(os.environ.get("HYBRIDTRACE_FUZZ_EXAMPLES", "0")) or 12
+_KINDS = ["cri", "docker", "fluentbit", "vector", "loki", "gcp"]  # one envelope line per vLLM line
+
+
+@st.composite
+def _enveloped(draw: st.DrawFn) -> tuple[str, list[str], list[int]]:
+    """(envelope, bare lines, the lines broken in the envelope) of one generated object."""
+    lines = [vllm_line(f"Initializing NIXL worker {ENGINE_ID}", stamp="12-01 10:00:00")]
+    for second in range(1, draw(st.integers(1, 30))):
+        stamp = f"12-01 10:{second // 60:02d}:{second % 60:02d}"
+        kind = draw(st.sampled_from(["kv", "warning", "stats", "other"]))
+        if kind == "kv":
+            n = draw(st.integers(0, 50))
+            lines.append(kv_metrics(n, draw(st.floats(0.1, 900, allow_nan=False)), 14.0, stamp))
+        elif kind == "warning":
+            text = draw(st.text(st.characters(whitelist_categories=("Ll", "Nd")), min_size=1, max_size=30))
+            lines.append(vllm_line(f"odd {text}", level="WARNING", stamp=stamp))
+        elif kind == "stats":
+            message = "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tok/s"
+            lines.append(vllm_line(message, stamp=stamp, process="APIServer pid=1"))
+        else:
+            lines.append(vllm_line("something only counted", stamp=stamp))
+    broken = sorted(draw(st.sets(st.integers(2, len(lines)), max_size=3))) if len(lines) > 1 else []
+    return draw(st.sampled_from(_KINDS)), lines, broken
+
+
+_BREAKS = ["not an envelope line", '{"cut": ', "{" * 100 + "[" * 20000, '{"log": 5, "time": 1}', "\x00\x01"]
+
+
+@settings(max_examples=_FUZZ, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(_enveloped(), st.sampled_from(_BREAKS), st.booleans())
+def test_fuzz_envelopes(generated: tuple[str, list[str], list[int]], breaking: str, gz: bool) -> None:
+    import gzip
+    import tempfile
+
+    kind, lines, broken = generated
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        records = [line for line in envelopegen.WRAPPERS[kind](lines).split("\n") if line]
+        assert len(records) == len(lines)
+        for number in broken:  # a broken envelope line; the bare twin has nothing there
+            records[number - 1] = breaking
+        data = ("\n".join(records) + "\n").encode()
+        path = root / "env" / "decode-0" / ("x.log.gz" if gz else "x.log")
+        path.parent.mkdir(parents=True)
+        path.write_bytes(gzip.compress(data) if gz else data)
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+        first = ingest([root / "env"], root / "env-store", year=2026)
+        assert first.errors == 0, first.error_messages
+        bare = [("" if i + 1 in broken else line) for i, line in enumerate(lines)]
+        got, want = _tables(root / "env-store"), _ingest(root, "bare", "\n".join(bare) + "\n")
+        assert got == want
+        con = Store(root / "env-store").connect()
+        assert [r[0] for r in con.sql("SELECT line_number FROM rejects ORDER BY 1").fetchall()] == broken
+        second = ingest([root / "env"], root / "env-store", year=2026)
+        assert second.objects_read == 0 and not any(second.rows.values())
