@@ -257,7 +257,8 @@ GROUP BY engine_id, request_id;
 --   prefill_s, prefill_source                                 R, as in handoffs
 --   read_bytes                                                one read's expected bytes
 --   critical_path_s                                           the fitted time of that read
---   fit_scope, fit_transfers_used                             the fit used: its scope, its reads
+--   fit_scope, fit_transfers_used                             the fit used ('pair', 'engine': the
+--                                                             engine's rings, 'fleet') and its reads
 CREATE OR REPLACE VIEW _fitted_handoffs AS
 WITH untimed AS (
     SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
@@ -277,7 +278,9 @@ sized AS (
 ),
 fitted AS (
     -- the narrowest fit there is: the pair's, the engine's own (a ring's), the fleet's
-    SELECT s.*, f.scope AS fit_scope, f.transfers_used AS fit_transfers_used,
+    SELECT s.*, CASE WHEN f.scope = 'pair' AND f.remote_engine_id IS NULL THEN 'engine' ELSE f.scope END
+               AS fit_scope,
+           f.transfers_used AS fit_transfers_used,
            f.fixed_s + coalesce(s.read_bytes / f.bandwidth_bytes_per_s, 0)
            + coalesce(s.read_bytes / f.bytes_per_descriptor * f.per_descriptor_s, 0) AS critical_path_s
     FROM sized s

@@ -204,10 +204,12 @@ def link_fits_frame(con) -> pl.DataFrame:
         for values, group in groups.items():
             if group.height < MIN_TRANSFERS:
                 continue
-            fit = fit_link(group, descriptors="descriptors" if source == "trace" else None)
+            # a read without a descriptor count would drop out of a fit with the term: leave it out
+            counted = group["descriptors"].null_count() == 0
+            fit = fit_link(group, descriptors="descriptors" if counted else None)
             if fit is None:
                 continue
-            descriptors = group["descriptors"].sum() if source == "trace" else None
+            descriptors = group["descriptors"].sum() if counted else None
             rows.append({
                 "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
                 "source": source, "transfers_used": fit.transfers, "fixed_s": fit.fixed_s,
