@@ -8,7 +8,7 @@
 
 CREATE OR REPLACE TABLE _link_fits (
     scope VARCHAR, engine_id VARCHAR, remote_engine_id VARCHAR, rank INTEGER, link VARCHAR, source VARCHAR,
-    transfers_used BIGINT, fixed_s DOUBLE, bandwidth_bytes_per_s DOUBLE, per_descriptor_s DOUBLE,
+    reads BIGINT, transfers_used BIGINT, fixed_s DOUBLE, bandwidth_bytes_per_s DOUBLE, per_descriptor_s DOUBLE,
     bytes_per_descriptor DOUBLE, median_error_pct DOUBLE, note VARCHAR
 );
 
@@ -23,7 +23,8 @@ CREATE OR REPLACE TABLE _link_fits (
 -- @column rank                   decode TP rank (rank scope)
 -- @column link                   the route (rank scope: null when the trace names none; link scope)
 -- @column source                 'trace' (the connector's reads) or 'nixl' (NIXL's ring transfers)
--- @column transfers_used         reads the fit used
+-- @column reads                  successful timed reads of the group
+-- @column transfers_used         reads the fit used: all of them, or a seeded sample of 20,000 of more
 -- @column fixed_s                fitted fixed cost of one read, seconds (polling delay included)
 -- @column bandwidth_bytes_per_s  fitted effective bandwidth, bytes/s; null when bytes did not explain time
 -- @column per_descriptor_s       fitted cost of one descriptor, seconds; null when descriptors could not

@@ -148,6 +148,17 @@ def test_the_fits_table_has_a_fit_per_rank_pair_link_and_fleet():
     assert by[("link", None, "rdma:mlx5_0")]["transfers_used"] == 405
 
 
+def test_a_large_group_is_fitted_on_a_sample_and_says_so(monkeypatch):
+    from hybridtrace.analyze import link_fit
+
+    monkeypatch.setattr(link_fit, "MAX_FIT_READS", 100)
+    frame = _trace_rows(reads(400, seed=1), engine_id="d", remote_engine_id="p", rank=0, link=None)
+    fits = link_fit.link_fits_frame(_fits_connection(frame))
+    rank = fits.filter(pl.col("scope") == "rank").row(0, named=True)
+    assert (rank["reads"], rank["transfers_used"]) == (400, 100)
+    assert rank["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH, rel=0.05)
+
+
 def test_without_trace_reads_the_rings_are_fitted_per_agent_engine_and_rank():
     from hybridtrace.analyze.link_fit import link_fits_frame
 
