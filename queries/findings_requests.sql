@@ -248,17 +248,19 @@ GROUP BY engine_id, request_id;
 -- successful request, and no successful timed read of it: the reads are not in the trace),
 -- their critical path predicted by the fitted link. One read's bytes as the byte model sizes
 -- them (attention as whole blocks of the transferred tokens, else of the missing ones, plus
--- the state blocks, at the share the engines' TP sizes give); the fit of the engine pair,
--- else the decode engine's own (NIXL rings name no peer), else the fleet's; descriptors at
--- the fitted reads' bytes per descriptor. R as handoffs computes it.
+-- the state blocks, at the share the engines' TP sizes give), through the narrowest fits
+-- there are: the decode ranks' fits of the pair (or of the engine's own NIXL rings, which
+-- name no peer), the slowest of them, since the critical path is the slowest rank's read;
+-- else the pair's (the engine's) fit over all ranks; else the fleet's. Descriptors at the
+-- fitted reads' bytes per descriptor. R as handoffs computes it.
 --
 -- Columns:
 --   engine_id, request_id, remote_engine_id, missing_tokens   the request
 --   prefill_s, prefill_source                                 R, as in handoffs
 --   read_bytes                                                one read's expected bytes
 --   critical_path_s                                           the fitted time of that read
---   fit_scope, fit_transfers_used                             the fit used ('pair', 'engine': the
---                                                             engine's rings, 'fleet') and its reads
+--   fit_scope, fit_rank, fit_source, fit_transfers_used       the fit used: its scope ('rank', 'pair',
+--                                                             'fleet'), rank, source and reads
 CREATE OR REPLACE VIEW _fitted_handoffs AS
 WITH untimed AS (
     SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
@@ -276,21 +278,25 @@ sized AS (
     FROM untimed u
     JOIN _request_model q USING (engine_id, request_id)
 ),
-fitted AS (
-    -- the narrowest fit there is: the pair's, the engine's own (a ring's), the fleet's
-    SELECT s.*, CASE WHEN f.scope = 'pair' AND f.remote_engine_id IS NULL THEN 'engine' ELSE f.scope END
-               AS fit_scope,
+candidates AS (
+    SELECT s.*, f.scope AS fit_scope, f.rank AS fit_rank, f.source AS fit_source,
            f.transfers_used AS fit_transfers_used,
            f.fixed_s + coalesce(s.read_bytes / f.bandwidth_bytes_per_s, 0)
-           + coalesce(s.read_bytes / f.bytes_per_descriptor * f.per_descriptor_s, 0) AS critical_path_s
+           + coalesce(s.read_bytes / f.bytes_per_descriptor * f.per_descriptor_s, 0) AS critical_path_s,
+           -- narrowest first: the pair's rank fits, the rings' rank fits, the pair's, the engine's, the fleet's
+           CASE WHEN f.scope = 'fleet' THEN 4
+                ELSE (CASE f.scope WHEN 'rank' THEN 0 ELSE 2 END)
+                     + (CASE WHEN f.remote_engine_id IS NULL THEN 1 ELSE 0 END) END AS preference
     FROM sized s
     JOIN link_fits f
-      ON (f.scope = 'pair' AND f.engine_id = s.engine_id
+      ON (f.scope IN ('rank', 'pair') AND f.engine_id = s.engine_id
           AND (f.remote_engine_id = s.remote_engine_id OR f.remote_engine_id IS NULL))
       OR f.scope = 'fleet'
-    QUALIFY row_number() OVER (PARTITION BY s.engine_id, s.request_id
-                               ORDER BY CASE WHEN f.scope = 'fleet' THEN 2
-                                             WHEN f.remote_engine_id IS NULL THEN 1 ELSE 0 END) = 1
+),
+fitted AS (
+    SELECT * FROM candidates
+    QUALIFY row_number() OVER (PARTITION BY engine_id, request_id
+                               ORDER BY preference, critical_path_s DESC, fit_rank) = 1
 )
 SELECT f.engine_id, f.request_id, f.remote_engine_id, f.missing_tokens,
        coalesce(f.measured_prefill_s, f.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
@@ -298,7 +304,7 @@ SELECT f.engine_id, f.request_id, f.remote_engine_id, f.missing_tokens,
        CASE WHEN f.measured_prefill_s IS NOT NULL THEN 'measured'
             WHEN _t('prefill_tokens_per_s') > 0 THEN 'configured'
             WHEN p.tokens_per_s IS NOT NULL THEN 'estimated' END AS prefill_source,
-       f.read_bytes, f.critical_path_s, f.fit_scope, f.fit_transfers_used
+       f.read_bytes, f.critical_path_s, f.fit_scope, f.fit_rank, f.fit_source, f.fit_transfers_used
 FROM fitted f
 LEFT JOIN _peak_prefill_rate p ON p.engine_id = f.engine_id;
 
@@ -328,6 +334,7 @@ SELECT
         || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
     CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
         'missing_tokens', missing_tokens, 'read_bytes', read_bytes, 'handoff_time_source', 'fit',
-        'fit_scope', fit_scope, 'fit_transfers_used', fit_transfers_used) AS VARCHAR) AS evidence
+        'fit_scope', fit_scope, 'fit_rank', fit_rank, 'fit_source', fit_source,
+        'fit_transfers_used', fit_transfers_used) AS VARCHAR) AS evidence
 FROM _fitted_handoffs
 WHERE prefill_s IS NOT NULL AND critical_path_s > prefill_s * _t('recompute_margin');

@@ -218,8 +218,9 @@ def test_a_handoff_only_the_rings_measured_is_judged_by_their_fit(tmp_path):
     assert fit[0][2] == pytest.approx(0.01) and fit[0][3] == pytest.approx(2e8)
     (finding,) = [f for f in analyze(con).findings if f["kind"] == "recompute_cheaper"]
     evidence = finding["evidence"]
-    assert (evidence["handoff_time_source"], evidence["fit_scope"], evidence["fit_transfers_used"]) == (
-        "fit", "engine", 10)
+    # the ring's agent is rank 0 of the decode engine: its rank fit, from NIXL's transfers
+    assert (evidence["handoff_time_source"], evidence["fit_scope"], evidence["fit_rank"],
+            evidence["fit_source"], evidence["fit_transfers_used"]) == ("fit", "rank", 0, "nixl", 10)
     # one read at TP 4 on both sides is 27,123,712 bytes (tests/cases/README.md): 0.01 + that / 2e8
     assert evidence["read_bytes"] == 27_123_712
     assert evidence["critical_path_s"] == pytest.approx(0.01 + 27_123_712 / 2e8)
