@@ -8,6 +8,12 @@ median line not at all, as long as the slow reads are fewer than half. Bytes and
 descriptors are scaled before solving, so the 3×3 system stays well conditioned across
 nine orders of magnitude. When descriptors only ever grow with bytes (a fixed block size)
 the two costs cannot be told apart: the fit then leaves the descriptor term out and says so.
+
+``fit_link`` fits one set of reads (``model --link-from`` through ``fit_from_store``);
+``link_fits_frame`` fits every group the analysis uses — per decode rank of an engine pair
+and route, per pair, per named route and fleet-wide — and ``refresh_link_fits`` keeps them
+in the table behind the ``link_fits`` view (``queries/link_fit.sql``), filled once when the
+store is opened for analysis (``store/analysis.py``).
 """
 
 from __future__ import annotations
@@ -151,8 +157,6 @@ def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None
     return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
 
 
-# The scopes of the fits table, from the narrowest: the rules and the report pick by scope.
-SCOPES = ("rank", "pair", "link", "fleet")
 _FIT_TYPES = {
     "scope": pl.String, "engine_id": pl.String, "remote_engine_id": pl.String, "rank": pl.Int32,
     "link": pl.String, "source": pl.String, "reads": pl.Int64, "transfers_used": pl.Int64,
@@ -211,7 +215,8 @@ def link_fits_frame(con) -> pl.DataFrame:
                 continue
             reads_in_group = group.height
             if reads_in_group > MAX_FIT_READS:
-                group = group.sample(MAX_FIT_READS, seed=0)
+                # sorted first: the store's scan order is not fixed, and the same store must give the same fit
+                group = group.sort("bytes", "xfer_s", "descriptors").sample(MAX_FIT_READS, seed=0)
             # a read without a descriptor count would drop out of a fit with the term: leave it out
             counted = group["descriptors"].null_count() == 0
             fit = fit_link(group, descriptors="descriptors" if counted else None)

@@ -129,7 +129,8 @@ RULES: tuple[Rule, ...] = (
          "SELECT (SELECT count(*) FROM handoffs WHERE prefill_s IS NOT NULL)"
          " + (SELECT count(*) FROM _fitted_handoffs WHERE prefill_s IS NOT NULL)",
          "handoffs with a prefill time (measured, or predicted by the fitted link)",
-         ("recompute_margin", "prefill_tokens_per_s")),
+         ("recompute_margin", "prefill_tokens_per_s"),
+         tests=("tests/test_link_fit.py::test_a_handoff_only_the_rings_measured_is_judged_by_their_fit",)),
     Rule("slow_rank", "findings_engines", ("slow_rank",), "engine + rank",
          "SELECT count(*) FROM _rank_windows WHERE peer_median_gb_s IS NOT NULL",
          "rank windows with peers to compare with",
