@@ -1,5 +1,5 @@
 -- findings_engines: rank- and engine-pair-scoped finding rules (columns as in findings_requests).
--- include: _macros, handoffs
+-- include: _macros, handoffs, link_fit
 
 -- _rank_windows: each decode rank's median effective bandwidth per time window, beside the
 -- median of its peers (the other ranks of the same engine in the same window). All ranks
@@ -23,8 +23,23 @@ SELECT a.*, (SELECT median(b.median_gb_s) FROM per_rank b
              WHERE b.engine_id = a.engine_id AND b.window = a.window AND b.rank <> a.rank) AS peer_median_gb_s
 FROM per_rank a;
 
+-- _rank_fit_verdicts: per decode rank, its fitted bandwidth against its peers' median
+-- (rank_link_fits) on the pair and route where it stands lowest, and whether that is below
+-- slow_rank_fit_ratio of the peers': the fit agrees that the rank is slow.
+CREATE OR REPLACE VIEW _rank_fit_verdicts AS
+SELECT engine_id, rank,
+       arg_min(bandwidth_bytes_per_s, bandwidth_ratio) AS fit_bandwidth_bytes_per_s,
+       arg_min(peer_bandwidth_bytes_per_s, bandwidth_ratio) AS fit_peer_bandwidth_bytes_per_s,
+       arg_min(transfers_used, bandwidth_ratio) AS fit_transfers_used,
+       min(bandwidth_ratio) < _t('slow_rank_fit_ratio') AS fit_agrees
+FROM rank_link_fits
+WHERE bandwidth_ratio IS NOT NULL
+GROUP BY ALL;
+
 -- finding_slow_rank: a rank slower than its peers in most windows, and how often it set the
--- handoff's critical path (was the slowest read of a request).
+-- handoff's critical path (was the slowest read of a request). The evidence says whether
+-- the fitted link agrees (fit_agrees: its fitted bandwidth is below slow_rank_fit_ratio of
+-- its peers' median; null when the rank or its peers have no fit).
 CREATE OR REPLACE VIEW finding_slow_rank AS
 WITH judged AS (
     SELECT engine_id, rank,
@@ -50,10 +65,14 @@ SELECT
         || round(100 * coalesce(c.requests_led, 0) / q.requests, 1) || '% of requests' AS message,
     CAST(json_object('median_gb_s', j.median_gb_s, 'peer_median_gb_s', j.peer_median_gb_s,
         'slow_windows', j.slow_windows, 'windows', j.windows,
-        'critical_path_share', coalesce(c.requests_led, 0) / q.requests) AS VARCHAR) AS evidence
+        'critical_path_share', coalesce(c.requests_led, 0) / q.requests,
+        'fit_agrees', f.fit_agrees, 'fit_bandwidth_bytes_per_s', f.fit_bandwidth_bytes_per_s,
+        'fit_peer_bandwidth_bytes_per_s', f.fit_peer_bandwidth_bytes_per_s,
+        'fit_transfers_used', f.fit_transfers_used) AS VARCHAR) AS evidence
 FROM judged j
 LEFT JOIN critical c USING (engine_id, rank)
 JOIN requests_per_engine q USING (engine_id)
+LEFT JOIN _rank_fit_verdicts f USING (engine_id, rank)
 WHERE j.windows > 0 AND j.slow_windows >= _t('slow_rank_windows') * j.windows;
 
 -- _engine_settings: each engine's settings as finding_config_mismatch compares them.

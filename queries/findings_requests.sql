@@ -1,5 +1,5 @@
 -- findings_requests: request-scoped finding rules over the connector trace and the logs.
--- include: _macros, accounting, handoffs
+-- include: _macros, accounting, handoffs, link_fit
 --
 -- Every finding view has the same ten columns, those of `analyze --format json`
 -- (hybridtrace.analyze.rules.FINDING_COLUMNS; docs/views.md lists them).
@@ -244,9 +244,75 @@ FROM (
 )
 GROUP BY engine_id, request_id;
 
+-- _fitted_handoffs: the handoffs with no measured transfer time (a request record of a
+-- successful request, and no successful timed read of it: the reads are not in the trace),
+-- their critical path predicted by the fitted link. One read's bytes as the byte model sizes
+-- them (attention as whole blocks of the transferred tokens, else of the missing ones, plus
+-- the state blocks, at the share the engines' TP sizes give), through the narrowest fits
+-- there are: the decode ranks' fits of the pair (or of the engine's own NIXL rings, which
+-- name no peer), the slowest of them, since the critical path is the slowest rank's read;
+-- else the pair's (the engine's) fit over all ranks; else the fleet's. Descriptors at the
+-- fitted reads' bytes per descriptor. R as handoffs computes it.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id, missing_tokens   the request
+--   prefill_s, prefill_source                                 R, as in handoffs
+--   read_bytes                                                one read's expected bytes
+--   critical_path_s                                           the fitted time of that read
+--   fit_scope, fit_rank, fit_source, fit_transfers_used       the fit used: its scope ('rank', 'pair',
+--                                                             'fleet'), rank, source and reads
+CREATE OR REPLACE VIEW _fitted_handoffs AS
+WITH untimed AS (
+    SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
+    FROM requests r
+    JOIN engine_models d ON d.engine_id = r.engine_id AND d.error IS NULL
+    LEFT JOIN engine_models p ON p.engine_id = r.remote_engine_id AND p.error IS NULL
+    WHERE coalesce(r.status, 'ok') = 'ok'
+      AND NOT EXISTS (SELECT 1 FROM _request_reads x WHERE x.engine_id = r.engine_id
+                      AND x.request_id = r.request_id AND x.critical_path_s IS NOT NULL)
+),
+sized AS (
+    SELECT u.engine_id, u.request_id, u.remote_engine_id, u.missing_tokens, u.prefill_s AS measured_prefill_s,
+           _expected_attention_bytes(q.b, q.block, coalesce(q.tokens, u.missing_tokens), u.share)
+           + q.s * q.state_blocks // u.share AS read_bytes
+    FROM untimed u
+    JOIN _request_model q USING (engine_id, request_id)
+),
+candidates AS (
+    SELECT s.*, f.scope AS fit_scope, f.rank AS fit_rank, f.source AS fit_source,
+           f.transfers_used AS fit_transfers_used,
+           f.fixed_s + coalesce(s.read_bytes / f.bandwidth_bytes_per_s, 0)
+           + coalesce(s.read_bytes / f.bytes_per_descriptor * f.per_descriptor_s, 0) AS critical_path_s,
+           -- narrowest first: the pair's rank fits, the rings' rank fits, the pair's, the engine's, the fleet's
+           CASE WHEN f.scope = 'fleet' THEN 4
+                ELSE (CASE f.scope WHEN 'rank' THEN 0 ELSE 2 END)
+                     + (CASE WHEN f.remote_engine_id IS NULL THEN 1 ELSE 0 END) END AS preference
+    FROM sized s
+    JOIN link_fits f
+      ON (f.scope IN ('rank', 'pair') AND f.engine_id = s.engine_id
+          AND (f.remote_engine_id = s.remote_engine_id OR f.remote_engine_id IS NULL))
+      OR f.scope = 'fleet'
+),
+fitted AS (
+    SELECT * FROM candidates
+    QUALIFY row_number() OVER (PARTITION BY engine_id, request_id
+                               ORDER BY preference, critical_path_s DESC, fit_rank) = 1
+)
+SELECT f.engine_id, f.request_id, f.remote_engine_id, f.missing_tokens,
+       coalesce(f.measured_prefill_s, f.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
+                f.missing_tokens / p.tokens_per_s) AS prefill_s,
+       CASE WHEN f.measured_prefill_s IS NOT NULL THEN 'measured'
+            WHEN _t('prefill_tokens_per_s') > 0 THEN 'configured'
+            WHEN p.tokens_per_s IS NOT NULL THEN 'estimated' END AS prefill_source,
+       f.read_bytes, f.critical_path_s, f.fit_scope, f.fit_rank, f.fit_source, f.fit_transfers_used
+FROM fitted f
+LEFT JOIN _peak_prefill_rate p ON p.engine_id = f.engine_id;
+
 -- finding_recompute_cheaper: the handoff's critical path (its slowest read, post to
 -- completion) took longer than prefilling the same missing prefix on the decoder: measured
 -- when the trace has prefill_s, else configured or estimated (the evidence says which).
+-- A handoff with no measured transfer time is judged by the fitted link's prediction
+-- (_fitted_handoffs); the evidence's handoff_time_source says which ('measured' or 'fit').
 CREATE OR REPLACE VIEW finding_recompute_cheaper AS
 SELECT
     'recompute_cheaper' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
@@ -254,7 +320,21 @@ SELECT
     'the transfer took ' || round(critical_path_s * 1e3, 2) || ' ms; prefilling ' || missing_tokens
         || ' tokens here takes ' || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
     CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
-        'missing_tokens', missing_tokens, 'slowest_rank', slowest_rank) AS VARCHAR) AS evidence
+        'missing_tokens', missing_tokens, 'slowest_rank', slowest_rank,
+        'handoff_time_source', 'measured') AS VARCHAR) AS evidence
 FROM handoffs
 WHERE coalesce(status, 'ok') = 'ok' AND prefill_s IS NOT NULL
-  AND critical_path_s > prefill_s * _t('recompute_margin');
+  AND critical_path_s > prefill_s * _t('recompute_margin')
+UNION ALL
+SELECT
+    'recompute_cheaper' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'the transfer would take ' || round(critical_path_s * 1e3, 2) || ' ms by the link fitted from '
+        || fit_transfers_used || ' reads; prefilling ' || missing_tokens || ' tokens here takes '
+        || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
+    CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
+        'missing_tokens', missing_tokens, 'read_bytes', read_bytes, 'handoff_time_source', 'fit',
+        'fit_scope', fit_scope, 'fit_rank', fit_rank, 'fit_source', fit_source,
+        'fit_transfers_used', fit_transfers_used) AS VARCHAR) AS evidence
+FROM _fitted_handoffs
+WHERE prefill_s IS NOT NULL AND critical_path_s > prefill_s * _t('recompute_margin');

@@ -1,5 +1,5 @@
 -- report: the data behind each chart of `hybridtrace report`, shaped, never recounted.
--- include: _macros, accounting, findings_engines, findings_requests, handoffs, intervals
+-- include: _macros, accounting, findings_engines, findings_requests, handoffs, intervals, link_fit, nixl
 --
 -- Every view here reads the accounting and findings views and only aggregates or
 -- samples them, so that a store of a million requests still makes a page of a few MB.
@@ -245,3 +245,58 @@ FROM ids
 LEFT JOIN e USING (engine_id)
 LEFT JOIN engine_models m USING (engine_id)
 ORDER BY e.role NULLS LAST, 1;
+
+-- _report_fit_groups: the rank fits the link-fit chart draws, each with a label.
+CREATE OR REPLACE VIEW _report_fit_groups AS
+SELECT *, engine_id || coalesce(' ← ' || remote_engine_id, '') || ' · rank ' || rank
+          || coalesce(' · ' || link, '') AS fit
+FROM link_fits WHERE scope = 'rank';
+
+-- report_link_fit_points: up to 300 of the reads each rank fit used, picked by hash: bytes
+-- against transfer time (the connector trace's reads, or NIXL's ring transfers when the
+-- fits come from those).
+--
+-- @column fit         the fit's label: decode engine ← prefill engine · rank · route
+-- @column bytes       bytes of the read
+-- @column xfer_ms     its transfer time, ms
+-- @column descriptors its descriptors (null for ring transfers)
+CREATE OR REPLACE VIEW report_link_fit_points AS
+WITH reads AS (
+    SELECT g.fit, t.transported_bytes AS bytes, t.xfer_s * 1e3 AS xfer_ms, t.descriptors,
+           hash(t.engine_id, t.request_id, t.rank, t.remote_rank, t.ts) AS pick
+    FROM transfers t
+    JOIN _report_fit_groups g
+      ON g.source = 'trace' AND g.engine_id = t.engine_id AND g.remote_engine_id = t.remote_engine_id
+     AND g.rank = t.rank AND g.link IS NOT DISTINCT FROM t.link
+    WHERE t.status = 'ok' AND t.xfer_s > 0
+    UNION ALL
+    SELECT g.fit, n.transported_bytes, n.xfer_us / 1e3, CAST(NULL AS BIGINT), hash(n.agent, n.seq, n.snapshot_id)
+    FROM nixl_transfer_ranks n
+    JOIN _report_fit_groups g ON g.source = 'nixl' AND g.engine_id = n.engine_id AND g.rank = n.rank
+    WHERE n.xfer_us > 0
+)
+SELECT fit, bytes, xfer_ms, descriptors FROM reads
+QUALIFY row_number() OVER (PARTITION BY fit ORDER BY pick) <= 300
+ORDER BY fit, bytes;
+
+-- report_link_fit_lines: each rank fit's line, at no bytes and at the most bytes its reads
+-- moved: fixed + bytes / bandwidth, plus the descriptors those bytes take at the reads'
+-- bytes per descriptor times the per-descriptor cost.
+--
+-- @column fit               as in report_link_fit_points
+-- @column bytes             0, or the most bytes of one read
+-- @column xfer_ms           the fitted transfer time, ms
+-- @column fixed_s           the fit's fixed cost, s
+-- @column bandwidth_gb_s    its bandwidth, decimal GB/s
+-- @column per_descriptor_s  its per-descriptor cost, s
+-- @column transfers_used    reads the fit used
+-- @column median_error_pct  its quality (median error, %)
+CREATE OR REPLACE VIEW report_link_fit_lines AS
+SELECT g.fit, e.bytes,
+       (g.fixed_s + coalesce(e.bytes / g.bandwidth_bytes_per_s, 0)
+        + coalesce(e.bytes / g.bytes_per_descriptor * g.per_descriptor_s, 0)) * 1e3 AS xfer_ms,
+       g.fixed_s, g.bandwidth_bytes_per_s / 1e9 AS bandwidth_gb_s, g.per_descriptor_s, g.transfers_used,
+       g.median_error_pct
+FROM _report_fit_groups g
+JOIN (SELECT fit, unnest([0, max(bytes)]) AS bytes FROM report_link_fit_points GROUP BY fit) e USING (fit)
+ORDER BY g.fit, e.bytes;

@@ -1,9 +1,12 @@
 """The fitted link model recovers a known link from simulated reads, also with a slow
-tail, and says when descriptors cannot be told apart from bytes."""
+tail, and says when descriptors cannot be told apart from bytes; the analysis' fits table
+holds one fit per decode rank, pair, named link and the fleet, from the trace's reads or
+else NIXL's rings."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -95,3 +98,130 @@ def test_model_link_from_a_store_uses_the_fitted_link(tmp_path):
     # a pair with no reads cannot be fitted: exit 2, one line
     missing = model("--link-from", str(tmp_path / "store"), "--pair", "prefill-9,decode-0")
     assert missing.returncode == 2 and "cannot fit a link" in missing.stderr
+
+
+def _fits_connection(transfers: pl.DataFrame, rings: pl.DataFrame | None = None):
+    """A connection holding just what link_fits_frame reads: transfers and nixl_transfer_ranks."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("_t", transfers.to_arrow())
+    con.execute("CREATE TABLE transfers AS SELECT * FROM _t")
+    rings = rings if rings is not None else pl.DataFrame(
+        schema={"engine_id": pl.String, "rank": pl.Int32, "xfer_us": pl.Int64, "transported_bytes": pl.Int64})
+    con.register("_r", rings.to_arrow())
+    con.execute("CREATE TABLE nixl_transfer_ranks AS SELECT * FROM _r")
+    return con
+
+
+def _trace_rows(frame: pl.DataFrame, **columns) -> pl.DataFrame:
+    return frame.rename({"bytes": "transported_bytes"}).with_columns(
+        pl.lit("ok").alias("status"), *(pl.lit(v).alias(k) for k, v in columns.items()))
+
+
+def test_the_fits_table_has_a_fit_per_rank_pair_link_and_fleet():
+    from hybridtrace.analyze.link_fit import link_fits_frame
+
+    fast, slow = reads(400, seed=1), reads(400, seed=2)
+    slow = slow.with_columns((pl.col("xfer_s") + pl.col("bytes") * 3 / BANDWIDTH).alias("xfer_s"))  # 5 GB/s
+    frame = pl.concat([
+        _trace_rows(fast, engine_id="d", remote_engine_id="p", rank=0, link="rdma:mlx5_0"),
+        _trace_rows(slow, engine_id="d", remote_engine_id="p", rank=1, link="rdma:mlx5_1"),
+        # five reads on a rank of their own: too few to fit
+        _trace_rows(reads(5, seed=4), engine_id="d", remote_engine_id="p", rank=2, link="rdma:mlx5_0"),
+        _trace_rows(reads(20, seed=5), engine_id="d", remote_engine_id="p", rank=0, link="rdma:mlx5_0")
+        .with_columns(pl.lit("failed").alias("status")),  # failed reads are not fitted
+    ], how="vertical_relaxed")  # fmt: skip
+    fits = link_fits_frame(_fits_connection(frame))
+    by = {(r["scope"], r["rank"], r["link"]): r for r in fits.iter_rows(named=True)}
+    assert set(by) == {("rank", 0, "rdma:mlx5_0"), ("rank", 1, "rdma:mlx5_1"), ("pair", None, None),
+                       ("link", None, "rdma:mlx5_0"), ("link", None, "rdma:mlx5_1"), ("fleet", None, None)}
+    assert {r["source"] for r in by.values()} == {"trace"}
+    rank0, rank1 = by[("rank", 0, "rdma:mlx5_0")], by[("rank", 1, "rdma:mlx5_1")]
+    assert (rank0["engine_id"], rank0["remote_engine_id"], rank0["transfers_used"]) == ("d", "p", 400)
+    assert rank0["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH, rel=0.05)
+    assert rank1["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH / 4, rel=0.05)
+    assert rank0["per_descriptor_s"] == pytest.approx(PER_DESC, rel=0.05)
+    assert rank0["bytes_per_descriptor"] == pytest.approx(fast["bytes"].sum() / fast["descriptors"].sum())
+    # rank 2's five reads count in the pair's and the fleet's fits
+    assert by[("pair", None, None)]["transfers_used"] == by[("fleet", None, None)]["transfers_used"] == 805
+    assert by[("link", None, "rdma:mlx5_0")]["transfers_used"] == 405
+
+
+def test_a_large_group_is_fitted_on_a_sample_and_says_so(monkeypatch):
+    from hybridtrace.analyze import link_fit
+
+    monkeypatch.setattr(link_fit, "MAX_FIT_READS", 100)
+    frame = _trace_rows(reads(400, seed=1), engine_id="d", remote_engine_id="p", rank=0, link=None)
+    fits = link_fit.link_fits_frame(_fits_connection(frame))
+    rank = fits.filter(pl.col("scope") == "rank").row(0, named=True)
+    assert (rank["reads"], rank["transfers_used"]) == (400, 100)
+    assert rank["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH, rel=0.05)
+
+
+def test_without_trace_reads_the_rings_are_fitted_per_agent_engine_and_rank():
+    from hybridtrace.analyze.link_fit import link_fits_frame
+
+    empty = _trace_rows(reads(1).clear(), engine_id="", remote_engine_id="", rank=0, link="")
+    ring = reads(100, seed=6).select(
+        pl.lit("d").alias("engine_id"), pl.lit(1, pl.Int32).alias("rank"),
+        (pl.col("bytes") / BANDWIDTH * 1e6 + 80).round().cast(pl.Int64).alias("xfer_us"),
+        pl.col("bytes").round().cast(pl.Int64).alias("transported_bytes"))  # fmt: skip
+    unmapped = ring.head(30).with_columns(pl.lit(None, pl.String).alias("engine_id"),
+                                          pl.lit(None, pl.Int32).alias("rank"))  # fmt: skip
+    fits = link_fits_frame(_fits_connection(empty, pl.concat([ring, unmapped])))
+    by = {r["scope"]: r for r in fits.iter_rows(named=True)}
+    assert set(by) == {"rank", "pair", "fleet"}  # a ring names no route: no link fits
+    assert {r["source"] for r in by.values()} == {"nixl"}
+    assert (by["rank"]["engine_id"], by["rank"]["rank"], by["rank"]["remote_engine_id"]) == ("d", 1, None)
+    # the unmapped agent's transfers count in the fleet's fit only
+    assert by["rank"]["transfers_used"] == 100 and by["fleet"]["transfers_used"] == 130
+    assert by["rank"]["per_descriptor_s"] is None and by["rank"]["bytes_per_descriptor"] is None
+    assert by["rank"]["bandwidth_bytes_per_s"] == pytest.approx(BANDWIDTH, rel=0.01)
+    assert by["rank"]["fixed_s"] == pytest.approx(80e-6, rel=0.05)
+
+
+def test_a_handoff_only_the_rings_measured_is_judged_by_their_fit(tmp_path):
+    """No connector read at all: the decode engine's NIXL ring gives the link, the byte
+    model the read's bytes, and recompute_cheaper says it used the fit."""
+    import json
+
+    from test_nixl_ring import read as ring_read
+    from test_nixl_ring import ring_bytes
+
+    from hybridtrace.analyze import analyze
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import Store
+
+    agent = "9a1c3e5f-0b2d-4f6a-8c7e-1d3f5a7b9c0e"
+    (tmp_path / "in" / "rings").mkdir(parents=True)
+    # ten reads of k × 2 MB at 10 ms + bytes / 200 MB/s (bytes / 200 µs)
+    events = [e for k in range(1, 11) for e in ring_read(50, 10_000 + k * 2_000_000 // 200, k * 2_000_000)]
+    (tmp_path / "in" / "rings" / agent).write_bytes(ring_bytes(events, capacity=64))
+    case = Path(__file__).parent / "cases" / "finding_recompute_cheaper" / "tcp_fallback" / "inputs"
+    engines = [json.loads(line) for line in (case / "connector.jsonl").read_text().splitlines()
+               if json.loads(line)["type"] == "engine"]  # fmt: skip
+    records = [{**e, "engine_id": e["role"] + "-ring", **({"rank": 0, "agent_name": agent}
+                                                            if e["role"] == "decode" else {})}
+               for e in engines]  # fmt: skip
+    records.append({"type": "request", "v": 1, "ts": 1764400110.0, "request_id": "r-ring",
+                    "engine_id": "decode-ring", "remote_engine_id": "prefill-ring", "prompt_tokens": 1001,
+                    "cached_tokens": 0, "missing_tokens": 1000, "transferred_tokens": 1000,
+                    "reused_tokens": 1000, "recomputed_tokens": 1, "state_blocks": 1, "boundary_tokens": 1000,
+                    "prefill_s": 0.1, "status": "ok"})  # fmt: skip
+    (tmp_path / "in" / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ingest([tmp_path / "in"], tmp_path / "store", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "store").connect()
+    fit = con.sql("SELECT source, transfers_used, fixed_s, bandwidth_bytes_per_s FROM link_fits "
+                  "WHERE scope = 'pair' AND engine_id = 'decode-ring'").fetchall()  # fmt: skip
+    assert len(fit) == 1 and fit[0][:2] == ("nixl", 10)
+    assert fit[0][2] == pytest.approx(0.01) and fit[0][3] == pytest.approx(2e8)
+    (finding,) = [f for f in analyze(con).findings if f["kind"] == "recompute_cheaper"]
+    evidence = finding["evidence"]
+    # the ring's agent is rank 0 of the decode engine: its rank fit, from NIXL's transfers
+    assert (evidence["handoff_time_source"], evidence["fit_scope"], evidence["fit_rank"],
+            evidence["fit_source"], evidence["fit_transfers_used"]) == ("fit", "rank", 0, "nixl", 10)
+    # one read at TP 4 on both sides is 27,123,712 bytes (tests/cases/README.md): 0.01 + that / 2e8
+    assert evidence["read_bytes"] == 27_123_712
+    assert evidence["critical_path_s"] == pytest.approx(0.01 + 27_123_712 / 2e8)
+    assert "by the link fitted from 10 reads" in finding["message"]

@@ -54,15 +54,55 @@ def test_page_is_self_contained(demo_store, tmp_path):
     assert re.findall(r"<script\b[^>]*\bsrc\s*=", html, re.I) == []
     markup = re.sub(r"(?is)<script\b[^>]*>.*?</script>", "", html)
     assert re.findall(r"<(?:link|img|iframe|object|embed)\b[^>]*\b(?:src|href|data)\s*=", markup, re.I) == []
-    assert "vegaEmbed" in html and html.count('<script type="application/json"') == 6
+    assert "vegaEmbed" in html and html.count('<script type="application/json"') == 7
     # every section the issue lists is on the page
-    for anchor in ("summary", "bytes-by-cache", "payload", "ranks", "descriptors", "recompute", "intervals",
-                   "engines", "findings", "docs"):  # fmt: skip
+    for anchor in ("summary", "bytes-by-cache", "payload", "ranks", "link-fit", "descriptors", "recompute",
+                   "intervals", "engines", "findings", "docs"):  # fmt: skip
         assert f'id="{anchor}"' in html
     # each kind that was found links to its docs page, carried in the page
     for kind, n in data.summary["findings_by_kind"].items():
         if n:
             assert f'href="#doc-{kind}"' in html and f'id="doc-{kind}"' in html
+
+
+def test_link_fit_chart_draws_each_rank_s_reads_and_its_fitted_line(demo_store):
+    from hybridtrace.report.charts import link_fit
+
+    con = Store(demo_store).connect()
+    data = collect(con, store="s")
+    fits = con.sql(
+        "SELECT engine_id, rank, transfers_used, fixed_s, bandwidth_bytes_per_s, bytes_per_descriptor, "
+        "per_descriptor_s FROM link_fits WHERE scope = 'rank' ORDER BY rank"
+    ).fetchall()
+    assert len(fits) == 2  # the simulated decode engine's two ranks, one route
+    chart = link_fit(data)
+    assert chart is not None and chart.key == "link-fit"
+    datasets = list(chart.spec["datasets"].values())
+    assert data.link_fit_points in datasets and data.link_fit_lines in datasets
+    by_fit: dict[str, list[dict]] = {}
+    for point in data.link_fit_points:
+        by_fit.setdefault(point["fit"], []).append(point)
+    assert len(by_fit) == 2
+    for (engine, rank, used, fixed, bandwidth, per_byte_desc, per_desc), label in zip(fits, sorted(by_fit),
+                                                                                      strict=True):
+        assert label.startswith(f"{engine} ← ") and f"· rank {rank}" in label
+        points = by_fit[label]
+        # a sample of the reads the fit used: up to 300, each a read of that rank
+        assert len(points) == min(300, used)
+        reads = {(b, round(ms, 9)) for b, ms in con.sql(
+            "SELECT transported_bytes, xfer_s * 1e3 FROM transfers WHERE status = 'ok' AND xfer_s > 0 "
+            "AND engine_id = ? AND rank = ?", params=[engine, rank]).fetchall()}  # fmt: skip
+        assert {(p["bytes"], round(p["xfer_ms"], 9)) for p in points} <= reads
+        # the line: at no bytes the fixed cost, at the most bytes drawn the fitted time
+        start, end = (line for line in data.link_fit_lines if line["fit"] == label)
+        top = max(p["bytes"] for p in points)
+        assert (start["bytes"], end["bytes"]) == (0, top)
+        assert start["xfer_ms"] == pytest.approx(fixed * 1e3)
+        descriptor_s = top / per_byte_desc * per_desc if per_desc else 0.0
+        assert end["xfer_ms"] == pytest.approx((fixed + top / bandwidth + descriptor_s) * 1e3)
+    # the rank slow_rank names is the one whose fitted bandwidth is lowest (the steeper line)
+    slowest = min(fits, key=lambda f: f[4])[1]
+    assert con.sql("SELECT rank FROM finding_slow_rank").fetchall() == [(slowest,)]
 
 
 def test_strings_from_logs_are_text_not_markup(tmp_path):

@@ -8,6 +8,12 @@ median line not at all, as long as the slow reads are fewer than half. Bytes and
 descriptors are scaled before solving, so the 3×3 system stays well conditioned across
 nine orders of magnitude. When descriptors only ever grow with bytes (a fixed block size)
 the two costs cannot be told apart: the fit then leaves the descriptor term out and says so.
+
+``fit_link`` fits one set of reads (``model --link-from`` through ``fit_from_store``);
+``link_fits_frame`` fits every group the analysis uses — per decode rank of an engine pair
+and route, per pair, per named route and fleet-wide — and ``refresh_link_fits`` keeps them
+in the table behind the ``link_fits`` view (``queries/link_fit.sql``), filled once when the
+store is opened for analysis (``store/analysis.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import polars as pl
 
 ITERATIONS = 50
 MIN_TRANSFERS = 8
+# The fits table fits at most this many reads of a group (a seeded sample): a median line
+# through 20,000 reads is as sure as through millions, and opening a large store stays quick.
+MAX_FIT_READS = 20_000
 
 
 @dataclass(frozen=True)
@@ -146,3 +155,92 @@ def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None
         "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
     ).to_arrow_table())
     return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
+
+
+_FIT_TYPES = {
+    "scope": pl.String, "engine_id": pl.String, "remote_engine_id": pl.String, "rank": pl.Int32,
+    "link": pl.String, "source": pl.String, "reads": pl.Int64, "transfers_used": pl.Int64,
+    "fixed_s": pl.Float64,
+    "bandwidth_bytes_per_s": pl.Float64, "per_descriptor_s": pl.Float64, "bytes_per_descriptor": pl.Float64,
+    "median_error_pct": pl.Float64, "note": pl.String,
+}  # fmt: skip
+_GROUPS = {  # the keys each scope groups the reads by (those left out are null in its rows)
+    "rank": ("engine_id", "remote_engine_id", "rank", "link"),
+    "pair": ("engine_id", "remote_engine_id"),
+    "link": ("link",),
+    "fleet": (),
+}
+
+
+def _trace_reads(con) -> pl.DataFrame:
+    return pl.from_arrow(con.sql(
+        "SELECT engine_id, remote_engine_id, rank, link, xfer_s, transported_bytes AS bytes, descriptors "
+        "FROM transfers WHERE status = 'ok' AND xfer_s > 0"
+    ).to_arrow_table())  # fmt: skip
+
+
+def _ring_reads(con) -> pl.DataFrame:
+    # a ring names neither the peer nor the route: an agent's fits are its engine's and rank's
+    return pl.from_arrow(con.sql(
+        "SELECT engine_id, CAST(NULL AS VARCHAR) AS remote_engine_id, rank, CAST(NULL AS VARCHAR) AS link, "
+        "xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes, CAST(NULL AS BIGINT) AS descriptors "
+        "FROM nixl_transfer_ranks WHERE xfer_us > 0"
+    ).to_arrow_table())  # fmt: skip
+
+
+def link_fits_frame(con) -> pl.DataFrame:
+    """Every fit the store's reads allow, one row per (scope, group): per decode rank of an
+    engine pair and route, per pair, per named link, and fleet-wide.
+
+    One pass over ``transfers`` (the connector trace's successful timed reads); a store with
+    none falls back to NIXL's own ring transfers, as ``fit_from_store`` does, whose rows name
+    no peer and no link. Groups with fewer than ``MIN_TRANSFERS`` reads are not fitted;
+    larger ones than ``MAX_FIT_READS`` are fitted on a seeded sample of that many.
+    """
+    reads, source = _trace_reads(con), "trace"
+    if reads.height == 0:
+        reads, source = _ring_reads(con), "nixl"
+    rows: list[dict] = []
+    for scope, keys in _GROUPS.items():
+        chosen = reads
+        if scope == "link":
+            chosen = reads.filter(pl.col("link").is_not_null())
+        elif scope != "fleet":
+            chosen = reads.filter(pl.col("engine_id").is_not_null())  # an unmapped ring agent has no pair
+        if scope == "rank":
+            chosen = chosen.filter(pl.col("rank").is_not_null())
+        groups = chosen.partition_by(list(keys), as_dict=True) if keys else {(): chosen}
+        for values, group in groups.items():
+            if group.height < MIN_TRANSFERS:
+                continue
+            reads_in_group = group.height
+            if reads_in_group > MAX_FIT_READS:
+                # sorted first: the store's scan order is not fixed, and the same store must give the same fit
+                group = group.sort("bytes", "xfer_s", "descriptors").sample(MAX_FIT_READS, seed=0)
+            # a read without a descriptor count would drop out of a fit with the term: leave it out
+            counted = group["descriptors"].null_count() == 0
+            fit = fit_link(group, descriptors="descriptors" if counted else None)
+            if fit is None:
+                continue
+            descriptors = group["descriptors"].sum() if counted else None
+            rows.append({
+                "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
+                "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
+                "fixed_s": fit.fixed_s,
+                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
+                "bytes_per_descriptor": group["bytes"].sum() / descriptors if descriptors else None,
+                "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
+            })  # fmt: skip
+    return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
+
+
+def refresh_link_fits(con) -> int:
+    """Fill ``_link_fits`` (the table behind the ``link_fits`` view, queries/link_fit.sql)
+    from the store behind ``con``; the number of fits."""
+    frame = link_fits_frame(con)
+    con.execute("DELETE FROM _link_fits")
+    if frame.height:
+        con.register("_link_fits_new", frame.to_arrow())
+        con.execute("INSERT INTO _link_fits BY NAME SELECT * FROM _link_fits_new")
+        con.unregister("_link_fits_new")
+    return frame.height

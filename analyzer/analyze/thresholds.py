@@ -61,6 +61,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         high=1.0,
         low_open=True,
     ),
+    Threshold(
+        "slow_rank_fit_ratio",
+        0.6,
+        "the fitted link agrees a rank is slow when its fitted bandwidth is below this share of its "
+        "peers' median (same engine pair and route)",
+        high=1.0,
+        low_open=True,
+    ),
     Threshold("slow_rank_min_reads", 3, "reads a rank needs in a window for the window to count", low=1.0),
     Threshold("window_s", 10, "length of the time windows slow ranks are judged in, seconds", low_open=True),
     Threshold(

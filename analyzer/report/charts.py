@@ -296,12 +296,55 @@ def intervals(data: ReportData) -> Chart | None:
     )
 
 
-BUILDERS = (bytes_by_cache, payload_vs_tokens, ranks, descriptors, recompute, intervals)
+def link_fit(data: ReportData) -> Chart | None:
+    ds = _Datasets()
+    if not data.link_fit_lines:
+        return None
+    fits = sorted({r["fit"] for r in data.link_fit_lines})
+    colour = alt.Color("fit:N", title="decode rank (← prefill · route)", sort=fits,
+                       legend=alt.Legend(labelLimit=360))
+    points = (
+        alt.Chart(ds(data.link_fit_points))
+        .mark_circle(size=14, opacity=0.5)
+        .encode(
+            x=alt.X("bytes:Q", title="bytes per read"),
+            y=alt.Y("xfer_ms:Q", title="transfer time, ms"),
+            color=colour,
+            tooltip=["fit:N", alt.Tooltip("bytes:Q", format=","), alt.Tooltip("xfer_ms:Q", format=".3f"),
+                     "descriptors:Q"],
+        )
+    )  # fmt: skip
+    lines = (
+        alt.Chart(ds(data.link_fit_lines))
+        .mark_line(strokeWidth=2)
+        .encode(
+            x="bytes:Q", y="xfer_ms:Q", color=colour,
+            tooltip=["fit:N", alt.Tooltip("fixed_s:Q", format=".2e", title="fixed, s"),
+                     alt.Tooltip("bandwidth_gb_s:Q", format=".2f", title="bandwidth, GB/s"),
+                     alt.Tooltip("per_descriptor_s:Q", format=".2e", title="per descriptor, s"),
+                     "transfers_used:Q",
+                     alt.Tooltip("median_error_pct:Q", format=".1f", title="median error %")],
+        )
+    )  # fmt: skip
+    chart = alt.layer(points, lines).properties(width=WIDTH, height=300)
+    return Chart(
+        "link-fit",
+        "The link fitted per rank",
+        f"{len(fits)} rank fit{'s' if len(fits) != 1 else ''} over {data.counts['link_fit_reads']:,} reads; "
+        f"{len(data.link_fit_points):,} of them drawn (up to 300 per rank, by hash). Each line is its fit: "
+        "fixed cost + bytes / bandwidth + descriptors × per-descriptor cost, descriptors at the reads' bytes "
+        "per descriptor; reads with more or fewer descriptors for their bytes sit above or below it.",
+        ds.spec(chart),
+    )
+
+
+BUILDERS = (bytes_by_cache, payload_vs_tokens, ranks, link_fit, descriptors, recompute, intervals)
 # what the page calls each chart, for the line that names those with nothing to draw
 TITLES = {
     "bytes_by_cache": "Bytes by cache type per request",
     "payload_vs_tokens": "Payload against tokens",
     "ranks": "Per-rank bandwidth and completion time",
+    "link_fit": "The link fitted per rank",
     "descriptors": "Descriptor count against post time",
     "recompute": "Transfer against recompute",
     "intervals": "Native metrics over time",

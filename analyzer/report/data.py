@@ -49,6 +49,9 @@ class ReportData:
     kind_examples: int = KIND_EXAMPLES
     verification_runs: list[dict] = field(default_factory=list)
     verifications: list[dict] = field(default_factory=list)  # the prompts whose outputs parted
+    # the link fitted per decode rank: sampled reads (bytes, time) and each fit's line
+    link_fit_points: list[dict] = field(default_factory=list)
+    link_fit_lines: list[dict] = field(default_factory=list)
 
     @property
     def summary(self) -> dict:
@@ -96,6 +99,8 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
             ranks=rows(con, "SELECT * FROM report_ranks"),
             recompute=rows(con, "SELECT * FROM report_recompute ORDER BY engine_id, bucket_order"),
             intervals=rows(con, "SELECT * FROM report_intervals"),
+            link_fit_points=rows(con, "SELECT * FROM report_link_fit_points"),
+            link_fit_lines=rows(con, "SELECT * FROM report_link_fit_lines"),
             findings=shown_findings(analysis, FINDINGS_SHOWN),
             counts={
                 "requests_accounted": _scalar(
@@ -108,6 +113,9 @@ def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = 
                     "WHERE critical_path_s IS NOT NULL AND prefill_s IS NOT NULL"
                 ),
                 "intervals": _scalar(con, "SELECT count(*) FROM intervals"),
+                "link_fit_reads": _scalar(
+                    con, "SELECT sum(transfers_used) FROM link_fits WHERE scope = 'rank'"
+                ),
                 "findings": len(analysis),
                 "verifications": _scalar(con, "SELECT count(*) FROM verifications"),
                 "verifications_parted": _scalar(

@@ -4,8 +4,9 @@
 demo and the scheduled job all open the store here, so each gets the same connection: a
 clear error where there is no store, the raw views over committed files
 (``raw_views.py``), the ``engine_models`` view (every engine sized once,
-``engine_models.py``), the finding thresholds (defaults, or a file's ``[thresholds]``)
-and the SQL views of ``queries/``, each installed once.
+``engine_models.py``), the finding thresholds (defaults, or a file's ``[thresholds]``),
+the SQL views of ``queries/`` and the link fits they read (``link_fits``: fitted once from
+the store's reads, ``analyze/link_fit.py``), each installed once.
 """
 
 from __future__ import annotations
@@ -54,16 +55,18 @@ def open_analysis(
 def analysis_connection(
     store: Store, *, thresholds: dict[str, float] | None = None, views: bool = True
 ) -> duckdb.DuckDBPyConnection:
-    """Raw views, ``engine_models`` and (with ``views``) thresholds and ``queries/`` on ``store``."""
+    """Raw views, ``engine_models`` and (with ``views``) thresholds, ``queries/``, link fits on ``store``."""
     from hybridtrace.store.engine_models import register_engine_models
     from hybridtrace.store.raw_views import raw_connection
 
     con = raw_connection(store)
     register_engine_models(con)
     if views:
+        from hybridtrace.analyze.link_fit import refresh_link_fits
         from hybridtrace.analyze.thresholds import install as install_thresholds
         from hybridtrace.queries_loader import install_views
 
         install_thresholds(con, thresholds)
         install_views(con)
+        refresh_link_fits(con)
     return con
