@@ -17,12 +17,14 @@ CREATE OR REPLACE TABLE _link_fits (
 -- transfers (which name no peer and no route, and carry no descriptor count).
 --
 -- @column scope                  'rank' (a decode rank of a pair over one route), 'pair' (all ranks of a
---                                pair), 'link' (every read over a named route) or 'fleet' (every read)
+--                                pair), 'link' (every read over a named route), 'fleet' (every read), or
+--                                'nixlbench' (a link's nixlbench calibration points; link = its folder)
 -- @column engine_id              decode engine (rank and pair scopes; for rings, the agent's engine)
 -- @column remote_engine_id       prefill engine (rank and pair scopes; null for rings: they name no peer)
 -- @column rank                   decode TP rank (rank scope)
 -- @column link                   the route (rank scope: null when the trace names none; link scope)
--- @column source                 'trace' (the connector's reads) or 'nixl' (NIXL's ring transfers)
+-- @column source                 'trace' (the connector's reads), 'nixl' (NIXL's ring transfers) or
+--                                'nixlbench' (one point per nixlbench row: an average request)
 -- @column reads                  successful timed reads of the group
 -- @column transfers_used         reads the fit used: all of them, or a seeded sample of 20,000 of more
 -- @column fixed_s                fitted fixed cost of one read, seconds (polling delay included)

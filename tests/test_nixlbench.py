@@ -84,3 +84,32 @@ def test_nixlbench_output_is_ingested_as_calibration_points(tmp_path):
     ]
     assert con.sql("SELECT count(*) FROM rejects").fetchall() == [(1,)]
     assert {r[0] for r in con.sql("SELECT format FROM sources").fetchall()} == {"nixlbench"}
+
+
+def test_a_links_nixlbench_points_give_its_fit(tmp_path):
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.store import Store
+
+    # a link of 10 µs fixed cost, 12.5 GB/s and 0.5 µs a descriptor, swept over block and batch size
+    rows = []
+    for block in (4096, 65536, 1 << 20, 16 << 20):
+        for batch in (1, 4, 16, 64):
+            xfer_us = 10.0 + block * batch / 12.5e9 * 1e6 + 0.5 * batch
+            post_us = 1.0
+            gb_s = block * batch / (xfer_us * 1e3)
+            times = [f"{post_us:.3f}", "2.0", f"{xfer_us - post_us:.3f}", f"{xfer_us * 1.1:.3f}"]
+            head = [str(block), str(batch), f"{gb_s:.6f}", f"{xfer_us / batch:.3f}", "1.0", "2.0"]
+            rows.append([*head, *times])
+    text = "\n".join([*config(Backend="UCX", Op_type="READ"), *table(DEFAULT, rows)]) + "\n"
+    path = tmp_path / "in" / "node7-node9" / "nixlbench.out"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    ((link, points, fixed, bandwidth, per_descriptor),) = con.sql(
+        "SELECT link, reads, fixed_s, bandwidth_bytes_per_s, per_descriptor_s FROM link_fits "
+        "WHERE scope = 'nixlbench'"
+    ).fetchall()
+    assert (link, points) == ("node7-node9", 16)
+    assert abs(fixed / 10e-6 - 1) < 0.01 and abs(bandwidth / 12.5e9 - 1) < 0.01
+    assert abs(per_descriptor / 0.5e-6 - 1) < 0.01

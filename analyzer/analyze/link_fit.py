@@ -188,6 +188,37 @@ def _ring_reads(con) -> pl.DataFrame:
     ).to_arrow_table())  # fmt: skip
 
 
+def _bench_points(con) -> pl.DataFrame:
+    # one point per nixlbench row: the run's average request (bytes, descriptors, NIXL's time)
+    known = "SELECT count(*) FROM duckdb_views() WHERE view_name = 'nixlbench_points'"
+    if not con.sql(known).fetchall()[0][0]:
+        return pl.DataFrame()  # a connection without the store's tables (a hand-made one)
+    return pl.from_arrow(con.sql(
+        "SELECT link, xfer_us / 1e6 AS xfer_s, request_bytes AS bytes, batch_size AS descriptors "
+        "FROM nixlbench_points WHERE xfer_us > 0 AND request_bytes > 0"
+    ).to_arrow_table())  # fmt: skip
+
+
+def _bench_fits(con) -> list[dict]:
+    """A fit per link from its nixlbench points (scope and source 'nixlbench')."""
+    points = _bench_points(con)
+    rows = []
+    for (link,), group in points.partition_by(["link"], as_dict=True).items() if points.height else []:
+        if group.height < MIN_TRANSFERS:
+            continue
+        fit = fit_link(group, descriptors="descriptors")
+        if fit is None:
+            continue
+        rows.append({
+            "scope": "nixlbench", **dict.fromkeys(_GROUPS["rank"]), "link": link, "source": "nixlbench",
+            "reads": group.height, "transfers_used": fit.transfers, "fixed_s": fit.fixed_s,
+            "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
+            "bytes_per_descriptor": group["bytes"].sum() / group["descriptors"].sum(),
+            "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
+        })  # fmt: skip
+    return rows
+
+
 def link_fits_frame(con) -> pl.DataFrame:
     """Every fit the store's reads allow, one row per (scope, group): per decode rank of an
     engine pair and route, per pair, per named link, and fleet-wide.
@@ -231,6 +262,7 @@ def link_fits_frame(con) -> pl.DataFrame:
                 "bytes_per_descriptor": group["bytes"].sum() / descriptors if descriptors else None,
                 "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
             })  # fmt: skip
+    rows += _bench_fits(con)
     return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
 
 
