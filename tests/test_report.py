@@ -156,3 +156,16 @@ def test_descriptors_are_drawn_for_reads_no_byte_model_sizes(tmp_path):
     html = render_html(data)
     assert 'id="chart-descriptors"' in html and 'id="chart-payload"' not in html
     assert "no engine that made the reads could be sized" in html
+
+
+def test_report_with_no_logical_bytes(tmp_path):
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    records = [engine_record("decode-0", "decode", 2), *transfer_records(3)]
+    for record in records:
+        if record["type"] == "request":
+            record.pop("transferred_tokens", None)
+    write_jsonl(tmp_path / "in" / "trace.jsonl", records)
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    assert "hybridtrace report" in render_html(data) and render_markdown(data).startswith("### hybridtrace")
