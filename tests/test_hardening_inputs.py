@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import servers
+import storeread
 from loggen import decode_log
 from promgen import scrape
 from tracegen import transfer_records, write_jsonl
@@ -45,7 +46,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
 
 
 def query(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 def count(store: Path, table: str) -> int:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import storeread
 from loggen import ENGINE_ID, REMOTE_ID, decode_log, kv_metrics, prefill_log, vllm_line
 
 from hybridtrace.ingest.run import ingest
@@ -25,7 +26,7 @@ def write(path: Path, text: str, *, mtime: datetime | None = None, gz: bool = Fa
 
 
 def rows(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 @pytest.mark.parametrize("colour", [False, True])
