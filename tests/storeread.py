@@ -77,7 +77,9 @@ def _connection(store: str | Path, *, with_queries: bool) -> duckdb.DuckDBPyConn
 
 
 def rows(store: str | Path, sql: str) -> list[tuple]:
-    """The rows ``sql`` gives on a new connection to the local store ``store``."""
+    """The rows ``sql`` gives on a new connection to ``store`` (a bucket's is always new)."""
+    if "://" in str(store):  # a bucket prefix: no files here to tell its state by
+        return Store(str(store)).connect().sql(sql).fetchall()
     words = {w.lower() for w in re.findall(r"[A-Za-z_]\w*", sql)}
     if not words & _query_names():
         try:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import storeread
 from tracegen import engine_record, transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
@@ -22,9 +23,8 @@ NEMOTRON = Path(__file__).parent.parent / "analyzer" / "model" / "configs" / "ne
 
 
 def counts(store: Path) -> dict[str, int]:
-    con = Store(store).connect()
     return {
-        t: con.sql(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+        t: storeread.rows(store, f"SELECT count(*) FROM {t}")[0][0]
         for t in ("transfers", "requests", "engines", "rejects", "models")
     }
 
@@ -242,12 +242,10 @@ def test_interrupted_batch_leaves_store_readable_and_rerun_exact(tmp_path, monke
 
 
 def _store_rows(root: Path) -> list[tuple]:
-    con = Store(root).connect()
-    return sorted(con.sql("SELECT request_id, rank, ts, transported_bytes FROM transfers").fetchall())
+    return sorted(storeread.rows(root, "SELECT request_id, rank, ts, transported_bytes FROM transfers"))
 
 
 def _all_rows(root: Path) -> dict[str, list[tuple]]:
-    con = Store(root).connect()
     queries = {
         "transfers": "SELECT request_id, rank, ts, transported_bytes, line_number FROM transfers",
         "requests": "SELECT request_id, ts, missing_tokens FROM requests",
@@ -257,7 +255,7 @@ def _all_rows(root: Path) -> dict[str, list[tuple]]:
         "prom_samples": "SELECT regexp_extract(instance, '([^/]+)$', 1), metric, labels, le, ts, value "
         "FROM prom_samples",
     }
-    return {name: sorted(con.sql(sql).fetchall(), key=repr) for name, sql in queries.items()}
+    return {name: sorted(storeread.rows(root, sql), key=repr) for name, sql in queries.items()}
 
 
 @pytest.mark.slow

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from hybridtrace.ingest.run import ingest
 from hybridtrace.report import collect, render_html, render_markdown, write_report
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
@@ -35,15 +33,6 @@ def _evil_trace(folder: Path) -> None:
     ]  # fmt: skip
     folder.mkdir(parents=True)
     (folder / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-@pytest.fixture(scope="module")
-def demo_store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("report")
-    inject = parse_inject("slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02")
-    simulate(SimOptions(seed=3, duration_s=40, inject=inject), root / "bundle")
-    ingest([root / "bundle"], root / "store")
-    return root / "store"
 
 
 def test_page_is_self_contained(demo_store, tmp_path):
