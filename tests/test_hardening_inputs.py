@@ -445,7 +445,7 @@ def test_a_cut_gzip_keeps_the_lines_before_the_cut(tmp_path):
     (tmp_path / "in" / "trace.jsonl.gz").write_bytes(whole[: int(len(whole) * 0.8)])
     summary = ingest([tmp_path / "in"], tmp_path / "s")
     assert 0 < summary.rows.get("transfers", 0) < 600
-    status = Store(tmp_path / "s").connect().sql("SELECT status FROM sources").fetchall()
+    status = storeread.rows(tmp_path / "s", "SELECT status FROM sources")
     assert status == [("error",)]
 
 

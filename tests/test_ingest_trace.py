@@ -138,7 +138,7 @@ def test_rerun_skips_unchanged_and_appends_are_read_once(tmp_path):
     summary = ingest([data], store)
     assert summary.rows["transfers"] == 10 and summary.duplicates == 0
     assert counts(store)["transfers"] == before["transfers"] + 10
-    lines = Store(store).connect().sql("SELECT max(line_number) FROM transfers").fetchall()[0][0]
+    lines = storeread.rows(store, "SELECT max(line_number) FROM transfers")[0][0]
     assert lines == 1 + 10 * 3 + 5 * 3 - 1  # line numbers keep counting across appends
 
 
@@ -153,9 +153,9 @@ def test_rotated_gzip_copy_adds_no_duplicates(tmp_path):
     assert summary.duplicates == 31  # 20 transfers + 10 requests + 1 engine, all already held
     assert counts(store) == before
     # the copy's manifest row says it added nothing, and why
-    copy = Store(store).connect().sql(
+    copy = storeread.rows(store,
         "SELECT rows, duplicates FROM sources WHERE uri LIKE '%trace.jsonl.1.gz'"
-    ).fetchall()
+    )
     assert [(json.loads(r), d) for r, d in copy] == [({"transfers": 0, "requests": 0, "engines": 0}, 31)]
 
 
@@ -448,7 +448,7 @@ def test_rejects_are_not_repeated_when_a_file_is_read_again(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s")
     os.utime(trace, (time.time() + 5, time.time() + 5))  # touched: read again whole
     ingest([tmp_path / "in"], tmp_path / "s")
-    assert Store(tmp_path / "s").connect().sql("SELECT count(*) FROM rejects").fetchall() == [(1,)]
+    assert storeread.rows(tmp_path / "s", "SELECT count(*) FROM rejects") == [(1,)]
 
 
 def test_one_writer_at_a_time(tmp_path):
@@ -484,5 +484,5 @@ def test_a_store_that_cannot_take_a_slice_stops_the_run(tmp_path, monkeypatch):
     with pytest.raises(StoreWriteError, match="No space left"):
         ingest([tmp_path / "in"], tmp_path / "s")
     ingest([tmp_path / "in"], tmp_path / "s")  # the disk has room again
-    rows = Store(tmp_path / "s").connect().sql("SELECT count(*) FROM transfers").fetchall()[0][0]
+    rows = storeread.rows(tmp_path / "s", "SELECT count(*) FROM transfers")[0][0]
     assert rows == 400  # nothing lost

@@ -501,7 +501,7 @@ def test_a_banner_before_the_first_vllm_line_is_looked_at_again(tmp_path):
     with open(log, "a") as handle:
         handle.write(vllm_line("after the banner", level="WARNING") + "\n")
     ingest([tmp_path / "in"], tmp_path / "s")
-    rows = Store(tmp_path / "s").connect().sql("SELECT line_number, message FROM log_events").fetchall()
+    rows = storeread.rows(tmp_path / "s", "SELECT line_number, message FROM log_events")
     assert rows == [(3, "after the banner")]
 
 
@@ -510,7 +510,7 @@ def test_a_chunk_starting_with_a_blank_line_counts_it(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text("\n" + vllm_line("second line", level="WARNING") + "\n")
     ingest([tmp_path / "in"], tmp_path / "s")
-    assert Store(tmp_path / "s").connect().sql("SELECT line_number FROM log_events").fetchall() == [(2,)]
+    assert storeread.rows(tmp_path / "s", "SELECT line_number FROM log_events") == [(2,)]
 
 
 def test_a_held_back_last_line_is_read_once_the_file_is_quiet(tmp_path, monkeypatch):
@@ -524,10 +524,10 @@ def test_a_held_back_last_line_is_read_once_the_file_is_quiet(tmp_path, monkeypa
     monkeypatch.setattr(run, "QUIET_SECONDS", 3600.0)
     first = ingest([log], tmp_path / "s")
     events = "SELECT count(*) FROM log_events WHERE kind = 'engine_stats'"
-    assert Store(tmp_path / "s").connect().sql(events).fetchall()[0][0] == 2 and first.objects_read == 1
+    assert storeread.rows(tmp_path / "s", events)[0][0] == 2 and first.objects_read == 1
     monkeypatch.setattr(run, "QUIET_SECONDS", 0.0)  # time passed; the file did not change
     ingest([log], tmp_path / "s")
-    assert Store(tmp_path / "s").connect().sql(events).fetchall()[0][0] == 3
+    assert storeread.rows(tmp_path / "s", events)[0][0] == 3
 
 
 def test_a_tty_log_read_on_where_it_stopped_keeps_its_shape(tmp_path):
@@ -544,7 +544,7 @@ def test_a_tty_log_read_on_where_it_stopped_keeps_its_shape(tmp_path):
     with open(log, "a", newline="") as handle:
         handle.write(vllm_line("part one", level="WARNING") + "\r\r\n")
     ingest([tmp_path / "in"], tmp_path / "s")
-    rows = Store(tmp_path / "s").connect().sql("SELECT line_number, message FROM log_events").fetchall()
+    rows = storeread.rows(tmp_path / "s", "SELECT line_number, message FROM log_events")
     assert rows == [(4, "part one")]
 
 
@@ -585,5 +585,5 @@ def test_a_log_read_before_its_engine_id_is_that_engines_once_known(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "fresh")
     query = "SELECT DISTINCT engine_id FROM (SELECT engine_id FROM engines UNION ALL " \
         "SELECT engine_id FROM log_events)"
-    assert Store(tmp_path / "s").connect().sql(query).fetchall() == [("decode-0",)]
-    assert Store(tmp_path / "fresh").connect().sql(query).fetchall() == [("decode-0",)]
+    assert storeread.rows(tmp_path / "s", query) == [("decode-0",)]
+    assert storeread.rows(tmp_path / "fresh", query) == [("decode-0",)]
