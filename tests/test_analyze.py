@@ -123,3 +123,16 @@ def test_every_builtin_model_gives_exactly_its_truth(tmp_path, model):
     assert expected, "nothing injected"
     assert found - expected == set(), "findings the truth does not have"
     assert expected - found == set(), "truth the analyzer missed"
+
+
+def test_pure_mamba_models_are_accounted(tmp_path):
+    simulate(
+        SimOptions(model="mamba-codestral-7b", requests=60, inject={"unsharded_state": 0.5}), tmp_path / "b"
+    )
+    ingest([tmp_path / "b"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    assert con.sql("SELECT count(*) FROM transfer_bytes WHERE expected_bytes IS NULL").fetchall()[0][0] == 0
+    truth = json.loads((tmp_path / "b" / "truth.json").read_text())
+    found = analyze(con).summary
+    assert found["findings_by_kind"]["unsharded_state"] == truth["summary"]["injected"]["unsharded_state"]
+    assert found["transported_over_expected"] is not None

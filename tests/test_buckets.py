@@ -60,7 +60,9 @@ def changes() -> tuple[dict[str, bytes], list[str]]:
     return put, ["engine-1/metrics-20260421T100001Z.prom"]
 
 
-@pytest.fixture(params=["s3", "gs", "file"])
+# The folder stands in for a bucket with no server: it runs by default, the two servers in their tier.
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.servers),
+                        pytest.param("gs", marks=pytest.mark.servers), "file"])
 def server(request, tmp_path, monkeypatch):
     if request.param == "s3":
         if not REQUIRE:
@@ -140,6 +142,7 @@ def _command(prefix: str, store: Path) -> list[str]:
     return [sys.executable, "-m", "hybridtrace", "ingest", prefix, "--store", str(store), "-q"]
 
 
+@pytest.mark.slow
 def test_concurrent_runs_and_a_killed_run(server, tmp_path):
     objects = initial_objects()
     for name, data in objects.items():

@@ -226,3 +226,29 @@ def test_a_hidden_folder_is_not_walked(tmp_path):
     (tmp_path / "in" / ".old" / "junk.bin").write_bytes(b"\x00\x01")
     summary = ingest([tmp_path / "in"], tmp_path / "s")
     assert summary.objects_seen == 1 and summary.rows["transfers"] == 4
+
+
+def test_bad_model_leaves_no_store_behind(tmp_path):
+    from hybridtrace.errors import HybridtraceError
+
+    (tmp_path / "in").mkdir()
+    with pytest.raises(HybridtraceError, match="not a built-in model"):
+        ingest([tmp_path / "in"], tmp_path / "s", model="no-such-model")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("simulate", "--out", "OUT", "--requests", "0"), ("simulate", "--out", "OUT", "--rate", "0"),
+     ("query", "select error('boom')", "--store", "STORE")],
+)  # fmt: skip
+def test_clear_errors_not_tracebacks(tmp_path, args):
+    from hybridtrace.store import Store
+
+    store = Store(tmp_path / "st")
+    store.init()
+    args = [a.replace("OUT", str(tmp_path / "o")).replace("STORE", str(tmp_path / "st")) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridtrace", *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "error" in result.stderr

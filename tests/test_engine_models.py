@@ -126,3 +126,17 @@ def test_the_newest_engine_record_sets_the_engine(tmp_path):
     # the settings the pair check compares, and the report's table, say the same
     assert con.sql("SELECT tp_size, kv_cache_dtype FROM _engine_settings").fetchall() == [(2, "bfloat16")]
     assert con.sql("SELECT tp_size, kv_cache_dtype FROM report_engines").fetchall() == [(2, "bfloat16")]
+
+
+def test_choosing_a_model_again_makes_it_current(tmp_path):
+    from tracegen import transfer_records
+
+    write_jsonl(
+        tmp_path / "in" / "trace.jsonl", [engine_record("decode-0", "decode", 2), *transfer_records(1)]
+    )
+    for model in ("nemotron-nano-12b-v2", "zamba2-7b", "nemotron-nano-12b-v2"):
+        ingest([tmp_path / "in"], tmp_path / "s", model=model)
+    con = Store(tmp_path / "s").connect()
+    latest = "SELECT model FROM models WHERE applies_to = '*' ORDER BY ingested_at DESC LIMIT 1"
+    assert con.sql(latest).fetchall() == [("nvidia/NVIDIA-Nemotron-Nano-12B-v2",)]
+    assert con.sql("SELECT model FROM engine_models").fetchall() == [("nvidia/NVIDIA-Nemotron-Nano-12B-v2",)]

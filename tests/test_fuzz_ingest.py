@@ -17,8 +17,9 @@ through ``ingest()``:
 The job file (``hybridtrace run --config job.toml``) and ``hybridtrace ingest`` run as a
 scheduler runs them: exit 0 or 2, in one line, never a traceback.
 
-A short profile runs by default (well under a minute); HYBRIDTRACE_FUZZ_EXAMPLES=N runs N
-examples of each format and N/10 of each command, with lines beyond the 1 MiB limit too.
+A short profile runs by default (a smoke test of some seconds: 15 to 25 examples of each
+format, 3 of each command); HYBRIDTRACE_FUZZ_EXAMPLES=N runs N examples of each format and
+N/10 of each command, with lines beyond the 1 MiB limit too (CI runs N=40).
 """
 
 from __future__ import annotations
@@ -384,7 +385,7 @@ def trace_object(draw: st.DrawFn) -> tuple[bytes, Expect]:
     return build(lines, draw(st.sampled_from([b"\n", b"\r\n"])), last_ending)
 
 
-@examples(60)
+@examples(20)
 @given(trace_object(), st.booleans())
 def test_fuzz_connector_trace(generated, gz):
     data, expect = generated
@@ -551,7 +552,7 @@ def log_object(draw: st.DrawFn) -> tuple[bytes, Expect]:
     return build(lines, ending, last_ending)
 
 
-@examples(60)
+@examples(20)
 @given(log_object(), st.booleans())
 def test_fuzz_vllm_log(generated, gz):
     data, expect = generated
@@ -685,7 +686,7 @@ def prom_object(draw: st.DrawFn) -> tuple[bytes, Expect]:
     return build(lines, draw(st.sampled_from([b"\n", b"\r\n"])), draw(st.booleans()))
 
 
-@examples(80)
+@examples(25)
 @given(prom_object(), st.booleans())
 def test_fuzz_prometheus(generated, gz):
     data, expect = generated
@@ -751,7 +752,7 @@ def config_object(draw: st.DrawFn) -> tuple[bytes, bool]:
     return text, True
 
 
-@examples(40)
+@examples(15)
 @given(config_object())
 def test_fuzz_config_json(generated):
     data, valid = generated
@@ -926,7 +927,7 @@ def bundle(tmp_path_factory) -> Path:
     return root
 
 
-@examples(6, command=True)
+@examples(3, command=True)
 @given(data=st.data())
 def test_fuzz_job_file_exits_0_or_2_in_one_line(bundle, data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import servers
+import storeread
 from loggen import decode_log
 from promgen import scrape
 from tracegen import transfer_records, write_jsonl
@@ -45,7 +46,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
 
 
 def query(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 def count(store: Path, table: str) -> int:
@@ -186,6 +187,7 @@ def _put_key(server: servers.Server, key: str, data: bytes) -> None:
     client.put_object(Bucket="telemetry", Key=key, Body=data)
 
 
+@pytest.mark.servers
 def test_a_bucket_key_with_an_empty_path_segment_is_a_row_and_the_rest_is_read(tmp_path, s3):
     s3.put("telemetry/prod/decode-0/trace.jsonl", "".join(f"{line}\n" for line in trace_lines()).encode())
     _put_key(s3, "prod//z.log", decode_log().encode())
@@ -198,6 +200,7 @@ def test_a_bucket_key_with_an_empty_path_segment_is_a_row_and_the_rest_is_read(t
     assert again.objects_left_out == 0 and count(tmp_path / "st", "sources") == 2
 
 
+@pytest.mark.servers
 def test_bucket_keys_with_dot_segments_get_a_row(tmp_path, s3):
     s3.put("telemetry/prod/decode-0/trace.jsonl", "".join(f"{line}\n" for line in trace_lines()).encode())
     _put_key(s3, "prod/./d.log", decode_log().encode())
@@ -295,6 +298,7 @@ def test_a_cut_last_record_of_a_file_still_written_is_held_back(tmp_path):
     assert query(tmp_path / "st", "SELECT status FROM sources") == [("partial",)]
 
 
+@pytest.mark.servers
 def test_a_cut_last_record_in_a_bucket_is_one_reject_until_the_object_grows(tmp_path, s3):
     text = "\n".join(trace_lines())
     s3.put("telemetry/prod/trace.jsonl", text[:-10].encode())
@@ -413,3 +417,67 @@ def test_a_job_file_with_credentials_in_a_uri_query_is_refused_before_anything_r
     assert "credentials in their query are refused" in done.stderr
     assert "hybridSecret0Test" not in done.stdout + done.stderr
     assert not (tmp_path / "st").exists()  # nothing was ingested
+
+
+def test_a_corrupt_gzip_is_marked_and_the_run_goes_on(tmp_path):
+    from loggen import vllm_line
+
+    data = tmp_path / "in"
+    (data / "a").mkdir(parents=True)
+    whole = gzip.compress(("\n".join(vllm_line(f"Engine 000: line {i}") for i in range(50)) + "\n").encode())
+    (data / "a" / "vllm.log.1.gz").write_bytes(whole[: len(whole) // 2])  # cut mid-stream
+    (data / "a" / "bad.log.gz").write_bytes(b"\x1f\x8b" + b"not gzip at all")
+    write_jsonl(data / "b" / "trace.jsonl", transfer_records(5))
+    summary = ingest([data], tmp_path / "s")
+    assert summary.rows["transfers"] == 10
+    con = Store(tmp_path / "s").connect()
+    errors = con.sql("SELECT uri, message FROM sources WHERE status = 'error'").fetchall()
+    assert sorted(Path(u).name for u, _ in errors) == ["bad.log.gz", "vllm.log.1.gz"]
+    assert all(m.startswith("cannot read") for _, m in errors)
+    ingest([data], tmp_path / "s")  # and again: marked, not fatal
+
+
+def test_a_cut_gzip_keeps_the_lines_before_the_cut(tmp_path):
+    records = transfer_records(300)
+    text = "".join(json.dumps(r) + "\n" for r in records).encode()
+    whole = gzip.compress(text, compresslevel=1)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "trace.jsonl.gz").write_bytes(whole[: int(len(whole) * 0.8)])
+    summary = ingest([tmp_path / "in"], tmp_path / "s")
+    assert 0 < summary.rows.get("transfers", 0) < 600
+    status = storeread.rows(tmp_path / "s", "SELECT status FROM sources")
+    assert status == [("error",)]
+
+
+def test_a_half_written_line_in_a_quiet_file_is_never_two_lines(tmp_path, monkeypatch):
+    # A writer stopped mid-line long enough for the file to look finished, then went on.
+    # Log: the part read counts as the line, the rest is passed over, and the lines after
+    # keep their numbers. Trace: a cut record is not taken at all; it is read once whole.
+    from loggen import vllm_line
+
+    import hybridtrace.ingest.run as run
+
+    monkeypatch.setattr(run, "QUIET_SECONDS", 0.0)
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    warn = [vllm_line(f"warning {i}", level="WARNING") for i in range(4)]
+    cut = len(warn[1]) - 3  # mid-message: the line is a warning already
+    log.write_text(warn[0] + "\n" + warn[1][:cut])
+    trace = tmp_path / "in" / "b" / "trace.jsonl"
+    trace.parent.mkdir(parents=True)
+    records = [json.dumps(r) for r in transfer_records(2)]  # 6 lines: 4 transfers, 2 requests
+    trace.write_text("\n".join(records[:2]) + "\n" + records[2][:25])
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(warn[1][cut:] + "\n" + warn[2] + "\n" + warn[3] + "\n")
+    with open(trace, "a") as handle:
+        handle.write(records[2][25:] + "\n" + "\n".join(records[3:]) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    lines = con.sql("SELECT line_number, message FROM log_events ORDER BY line_number").fetchall()
+    assert [n for n, _ in lines] == [1, 2, 3, 4]
+    assert [m for _, m in lines][2:] == ["warning 2", "warning 3"]
+    assert con.sql("SELECT count(*) FROM rejects").fetchall()[0][0] == 0
+    numbers = sorted(r[0] for r in con.sql("SELECT line_number FROM transfers UNION ALL "
+                                            "SELECT line_number FROM requests").fetchall())  # fmt: skip
+    assert numbers == [1, 2, 3, 4, 5, 6]

@@ -81,6 +81,7 @@ def _peak_rss(command: list[str]) -> tuple[int, int]:
     return process.returncode, usage.ru_maxrss * 1024  # kilobytes on Linux
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in kilobytes on Linux only")
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_one_huge_object_of_each_format_stays_under_a_gib(tmp_path, name):

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import storeread
 from loggen import ENGINE_ID, vllm_line
 from promgen import scrape
 
@@ -24,7 +25,7 @@ def put(path: Path, text: str, mtime: float) -> None:
 
 
 def rows(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 FIRST = [(0.004, 0.0008, 50_000_000, 120)] * 3

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import storeread
 from tracegen import engine_record, transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
@@ -22,9 +23,8 @@ NEMOTRON = Path(__file__).parent.parent / "analyzer" / "model" / "configs" / "ne
 
 
 def counts(store: Path) -> dict[str, int]:
-    con = Store(store).connect()
     return {
-        t: con.sql(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+        t: storeread.rows(store, f"SELECT count(*) FROM {t}")[0][0]
         for t in ("transfers", "requests", "engines", "rejects", "models")
     }
 
@@ -138,7 +138,7 @@ def test_rerun_skips_unchanged_and_appends_are_read_once(tmp_path):
     summary = ingest([data], store)
     assert summary.rows["transfers"] == 10 and summary.duplicates == 0
     assert counts(store)["transfers"] == before["transfers"] + 10
-    lines = Store(store).connect().sql("SELECT max(line_number) FROM transfers").fetchall()[0][0]
+    lines = storeread.rows(store, "SELECT max(line_number) FROM transfers")[0][0]
     assert lines == 1 + 10 * 3 + 5 * 3 - 1  # line numbers keep counting across appends
 
 
@@ -153,9 +153,9 @@ def test_rotated_gzip_copy_adds_no_duplicates(tmp_path):
     assert summary.duplicates == 31  # 20 transfers + 10 requests + 1 engine, all already held
     assert counts(store) == before
     # the copy's manifest row says it added nothing, and why
-    copy = Store(store).connect().sql(
+    copy = storeread.rows(store,
         "SELECT rows, duplicates FROM sources WHERE uri LIKE '%trace.jsonl.1.gz'"
-    ).fetchall()
+    )
     assert [(json.loads(r), d) for r, d in copy] == [({"transfers": 0, "requests": 0, "engines": 0}, 31)]
 
 
@@ -242,12 +242,10 @@ def test_interrupted_batch_leaves_store_readable_and_rerun_exact(tmp_path, monke
 
 
 def _store_rows(root: Path) -> list[tuple]:
-    con = Store(root).connect()
-    return sorted(con.sql("SELECT request_id, rank, ts, transported_bytes FROM transfers").fetchall())
+    return sorted(storeread.rows(root, "SELECT request_id, rank, ts, transported_bytes FROM transfers"))
 
 
 def _all_rows(root: Path) -> dict[str, list[tuple]]:
-    con = Store(root).connect()
     queries = {
         "transfers": "SELECT request_id, rank, ts, transported_bytes, line_number FROM transfers",
         "requests": "SELECT request_id, ts, missing_tokens FROM requests",
@@ -257,9 +255,10 @@ def _all_rows(root: Path) -> dict[str, list[tuple]]:
         "prom_samples": "SELECT regexp_extract(instance, '([^/]+)$', 1), metric, labels, le, ts, value "
         "FROM prom_samples",
     }
-    return {name: sorted(con.sql(sql).fetchall(), key=repr) for name, sql in queries.items()}
+    return {name: sorted(storeread.rows(root, sql), key=repr) for name, sql in queries.items()}
 
 
+@pytest.mark.slow
 def test_killed_process_at_random_points_then_rerun_matches_clean(tmp_path):
     from loggen import decode_log, prefill_log
     from promgen import scrape
@@ -425,3 +424,65 @@ def test_a_compaction_cut_short_leaves_every_row_once(tmp_path, monkeypatch, cra
     assert _all_rows(store_root) == before
     expected_files = 1 if crash_at == "after the commit" else 6
     assert _source_files(store_root) == expected_files
+
+
+def test_an_unterminated_last_line_then_growth_keeps_line_numbers(tmp_path):
+    trace = tmp_path / "in" / "t.jsonl"
+    records = [json.dumps(r) for r in transfer_records(3)]  # 9 lines: 6 transfers, 3 requests
+    trace.parent.mkdir(parents=True)
+    trace.write_text("\n".join(records[:3]))  # line 3 has no newline yet
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(trace, "a") as handle:
+        handle.write("\n" + "\n".join(records[3:5]) + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    con = Store(tmp_path / "s").connect()
+    numbers = sorted(r[0] for r in con.sql("SELECT line_number FROM transfers UNION ALL "
+                                            "SELECT line_number FROM requests").fetchall())  # fmt: skip
+    assert numbers == [1, 2, 3, 4, 5]
+
+
+def test_rejects_are_not_repeated_when_a_file_is_read_again(tmp_path):
+    trace = tmp_path / "in" / "t.jsonl"
+    trace.parent.mkdir(parents=True)
+    trace.write_text(json.dumps(transfer_records(1)[0]) + "\nnot json\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    os.utime(trace, (time.time() + 5, time.time() + 5))  # touched: read again whole
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert storeread.rows(tmp_path / "s", "SELECT count(*) FROM rejects") == [(1,)]
+
+
+def test_one_writer_at_a_time(tmp_path):
+    from hybridtrace.errors import UsageError
+
+    store = Store(tmp_path / "s")
+    store.init()
+    with store.writer_lock(), pytest.raises(UsageError, match="another ingest"):
+        ingest([tmp_path], tmp_path / "s")
+
+
+def test_a_store_that_cannot_take_a_slice_stops_the_run(tmp_path, monkeypatch):
+    import errno
+
+    import hybridtrace.ingest.run as run
+    from hybridtrace.errors import StoreWriteError
+    from hybridtrace.storage import LocalRoot
+
+    write_jsonl(tmp_path / "in" / "trace.jsonl", transfer_records(200))  # 600 lines
+    stamp = time.time() - 3600  # quiet: its last line is complete even without a newline
+    os.utime(tmp_path / "in" / "trace.jsonl", (stamp, stamp))
+    monkeypatch.setattr(run, "BATCH_ROWS", 100)  # committed in slices
+    monkeypatch.setattr(run, "CHUNK_BYTES", 4096)
+    real, failures = LocalRoot.write_parquet, []
+
+    def full_once(self, table, rel):
+        if not failures and "/transfers/" in f"/{rel}":
+            failures.append(rel)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, table, rel)
+
+    monkeypatch.setattr(LocalRoot, "write_parquet", full_once)
+    with pytest.raises(StoreWriteError, match="No space left"):
+        ingest([tmp_path / "in"], tmp_path / "s")
+    ingest([tmp_path / "in"], tmp_path / "s")  # the disk has room again
+    rows = storeread.rows(tmp_path / "s", "SELECT count(*) FROM transfers")[0][0]
+    assert rows == 400  # nothing lost

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import storeread
 from loggen import ENGINE_ID, REMOTE_ID, decode_log, kv_metrics, prefill_log, vllm_line
 
 from hybridtrace.ingest.run import ingest
@@ -25,7 +26,7 @@ def write(path: Path, text: str, *, mtime: datetime | None = None, gz: bool = Fa
 
 
 def rows(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 @pytest.mark.parametrize("colour", [False, True])
@@ -491,3 +492,99 @@ def test_zone_less_collector_stamps_in_the_repeated_hour_follow_the_lines_own_pa
     got = [datetime.fromtimestamp(ts, UTC).strftime("%H:%M") for (ts,) in
            rows(tmp_path / "s", "SELECT ts FROM log_events ORDER BY line_number")]  # fmt: skip
     assert got == ["23:50", "00:30", "00:50", "01:10", "01:40", "02:10"]
+
+
+def test_a_banner_before_the_first_vllm_line_is_looked_at_again(tmp_path):
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("starting the server\nloading...\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(vllm_line("after the banner", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    rows = storeread.rows(tmp_path / "s", "SELECT line_number, message FROM log_events")
+    assert rows == [(3, "after the banner")]
+
+
+def test_a_chunk_starting_with_a_blank_line_counts_it(tmp_path):
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n" + vllm_line("second line", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    assert storeread.rows(tmp_path / "s", "SELECT line_number FROM log_events") == [(2,)]
+
+
+def test_a_held_back_last_line_is_read_once_the_file_is_quiet(tmp_path, monkeypatch):
+    import hybridtrace.ingest.run as run
+
+    log = tmp_path / "in" / "vllm.log"
+    log.parent.mkdir()
+    stats = "Engine 000: Avg prompt throughput: {}.0 tokens/s, Avg generation throughput: 1.0 tokens/s"
+    lines = [vllm_line(stats.format(i)) for i in range(3)]
+    log.write_text("\n".join(lines))  # no newline after the last line: it may still be written
+    monkeypatch.setattr(run, "QUIET_SECONDS", 3600.0)
+    first = ingest([log], tmp_path / "s")
+    events = "SELECT count(*) FROM log_events WHERE kind = 'engine_stats'"
+    assert storeread.rows(tmp_path / "s", events)[0][0] == 2 and first.objects_read == 1
+    monkeypatch.setattr(run, "QUIET_SECONDS", 0.0)  # time passed; the file did not change
+    ingest([log], tmp_path / "s")
+    assert storeread.rows(tmp_path / "s", events)[0][0] == 3
+
+
+def test_a_tty_log_read_on_where_it_stopped_keeps_its_shape(tmp_path):
+    # Every line of a log written through a TTY ends with a carriage return, and a line
+    # that continues into the next ends with two. A later read of one appended line decides
+    # the shape from the file's head, as the first read did: its message has no stray CR.
+    def tty(text: str) -> str:
+        return text.replace("\n", "\r\n") + "\r\n"
+
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(tty("\n".join(vllm_line(f"line {i}") for i in range(3))), newline="")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a", newline="") as handle:
+        handle.write(vllm_line("part one", level="WARNING") + "\r\r\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    rows = storeread.rows(tmp_path / "s", "SELECT line_number, message FROM log_events")
+    assert rows == [(4, "part one")]
+
+
+def test_a_log_read_on_after_new_year_counts_the_year_on(tmp_path):
+    # --year names the year of the log's first lines. A later read of the lines appended
+    # since goes on from the year the earlier read had reached, so 01-01 after 12-31 is the
+    # next year whether it is read in one go or in two.
+    log = tmp_path / "in" / "a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(vllm_line("old year", level="WARNING", stamp="12-31 23:59:00") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025)
+    with open(log, "a") as handle:
+        handle.write(vllm_line("new year", level="WARNING", stamp="01-01 00:01:00") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s", year=2025)
+    rows = Store(tmp_path / "s").connect().sql(
+        "SELECT message, strftime(to_timestamp(ts) AT TIME ZONE 'UTC', '%Y-%m-%d') AS day "
+        "FROM log_events ORDER BY ts"
+    ).fetchall()
+    assert rows == [("old year", "2025-12-31"), ("new year", "2026-01-01")]
+
+
+def test_a_log_read_before_its_engine_id_is_that_engines_once_known(tmp_path):
+    # The first read of a fresh server's log sees its allocator lines and a warning, but not
+    # yet `Initializing NIXL worker`: it files them under the folder's name. A later read
+    # learns the id. Every row is then decode-0's, as one read of the whole log gives.
+    log = tmp_path / "in" / "host-a" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        vllm_line("Setting attention block size to 1312 tokens to ensure that attention page size is "
+                  ">= mamba page size.", process="APIServer pid=1") + "\n"
+        + vllm_line("early warning", level="WARNING") + "\n"
+    )  # fmt: skip
+    ingest([tmp_path / "in"], tmp_path / "s")
+    with open(log, "a") as handle:
+        handle.write(vllm_line("Initializing NIXL worker decode-0") + "\n")
+        handle.write(vllm_line("later warning", level="WARNING") + "\n")
+    ingest([tmp_path / "in"], tmp_path / "s")
+    ingest([tmp_path / "in"], tmp_path / "fresh")
+    query = "SELECT DISTINCT engine_id FROM (SELECT engine_id FROM engines UNION ALL " \
+        "SELECT engine_id FROM log_events)"
+    assert storeread.rows(tmp_path / "s", query) == [("decode-0",)]
+    assert storeread.rows(tmp_path / "fresh", query) == [("decode-0",)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,10 @@ slow_rank_ratio = 0.5
     assert done.returncode == 0 and json.loads(done.stdout)["fail_on_matched"] == []
 
 
+@pytest.mark.servers
 def test_bucket_inputs_and_report(tmp_path, bundle):
-    pytest.importorskip("moto.server")
+    if os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") != "1":  # CI: moto must be there
+        pytest.importorskip("moto.server")
     with servers.moto_s3() as s3:
         s3.make_bucket("telemetry")
         for file in sorted(p for p in bundle.rglob("*") if p.is_file()):
@@ -126,3 +129,22 @@ def test_a_job_file_is_checked_whole_before_anything_is_written(tmp_path):
     with pytest.raises(Exception, match="lease_s must be a positive number of seconds"):
         load_job(_job(tmp_path, base + "[alert]\nlease_s = 0\n"))  # a lease that never holds
     assert not (tmp_path / "s").exists()
+
+
+def test_run_errors_are_one_json_line_and_exit_2(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out.html").mkdir()  # the report path is a folder
+    job = tmp_path / "job.toml"
+    job.write_text(f"[inputs]\npaths = ['{tmp_path / 'in'}']\n[store]\npath = '{tmp_path / 's'}'\n"
+                   f"[report]\nhtml = '{tmp_path / 'out.html'}'\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "hybridtrace", "run", "--config", str(job)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["status"] == "error"
+    assert not list(tmp_path.glob("*.tmp"))
+    job.write_text(f"[inputs]\npaths = ['{tmp_path / 'in'}']\n[store]\npath = 's'\n"
+                   "[alert]\nstrict = 'false'\n")  # fmt: skip
+    from hybridtrace.errors import UsageError
+
+    with pytest.raises(UsageError, match="strict must be true or false"):
+        load_job(job)

@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import storeread
 from loggen import ENGINE_ID, kv_metrics, vllm_line
 from tracegen import dropped_record, engine_record, release_record, transfer_records
 
 from hybridtrace import trace_v1
 from hybridtrace.ingest.run import ingest
-from hybridtrace.store import Store
 
 T0 = datetime(2026, 4, 21, 10, 0, 0, tzinfo=UTC).timestamp()
 
@@ -29,7 +29,7 @@ def write(path: Path, text: str | bytes, mtime: float = T0 + 86400) -> Path:
 
 
 def rows(store: Path, sql: str) -> list[tuple]:
-    return Store(store).connect().sql(sql).fetchall()
+    return storeread.rows(store, sql)
 
 
 # --- impossible log stamps --------------------------------------------------------------

@@ -37,15 +37,6 @@ def _evil_trace(folder: Path) -> None:
     (folder / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-@pytest.fixture(scope="module")
-def demo_store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("report")
-    inject = parse_inject("slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02")
-    simulate(SimOptions(seed=3, duration_s=40, inject=inject), root / "bundle")
-    ingest([root / "bundle"], root / "store")
-    return root / "store"
-
-
 def test_page_is_self_contained(demo_store, tmp_path):
     path, data = write_report(demo_store, tmp_path / "r.html")
     html = path.read_text()
@@ -221,3 +212,16 @@ def test_findings_are_grouped_by_kind_above_the_full_table(tmp_path):
     assert grouped < table
     for group in data.kind_groups:
         assert f'id="kind-{group["kind"]}"' in html[grouped:table]
+
+
+def test_report_with_no_logical_bytes(tmp_path):
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    records = [engine_record("decode-0", "decode", 2), *transfer_records(3)]
+    for record in records:
+        if record["type"] == "request":
+            record.pop("transferred_tokens", None)
+    write_jsonl(tmp_path / "in" / "trace.jsonl", records)
+    ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
+    data = collect(Store(tmp_path / "s").connect(), store="s")
+    assert "hybridtrace report" in render_html(data) and render_markdown(data).startswith("### hybridtrace")

@@ -17,6 +17,8 @@ import pytest
 from hybridtrace.report import write_report
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
 
+pytestmark = pytest.mark.browser
+
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Flags that keep Chromium from reaching for the network on its own (updates, sync, ...)

@@ -106,6 +106,7 @@ def test_same_seed_same_bytes(tmp_path):
     assert digest(tmp_path / "a") != digest(tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_at_scale(tmp_path):
     # Large enough that polars splits aggregations between threads: every sum that reaches
     # a file must not depend on how the rows were split (the scrapes' float sums did).

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import storeread
 from tracegen import dropped_record, engine_record, record, release_record, transfer_records, write_jsonl
 
 from hybridtrace import trace_v1
@@ -279,7 +280,7 @@ def test_an_engine_written_by_every_rank_is_one_engine(tmp_path):
     raw = (tmp_path / "in" / "decode-0" / "trace.jsonl").read_bytes()
     (tmp_path / "in" / "decode-0" / "trace.jsonl.1.gz").write_bytes(gzip.compress(raw))
     assert ingest([tmp_path / "in"], tmp_path / "s-in").duplicates == 4 + 3 * 4 + 3
-    assert Store(tmp_path / "s-in").connect().sql("SELECT count(*) FROM engines").fetchall() == [(4,)]
+    assert storeread.rows(tmp_path / "s-in", "SELECT count(*) FROM engines") == [(4,)]
 
 
 def test_a_store_from_before_engines_had_a_rank_takes_new_records(tmp_path):
@@ -300,7 +301,7 @@ def test_a_store_from_before_engines_had_a_rank_takes_new_records(tmp_path):
     write_jsonl(tmp_path / "in" / "trace.jsonl", records)
     summary = ingest([tmp_path / "in"], tmp_path / "s")
     assert summary.duplicates == 1  # the rank-less record the store held already
-    got = Store(tmp_path / "s").connect().sql("SELECT rank FROM engines ORDER BY rank NULLS FIRST").fetchall()
+    got = storeread.rows(tmp_path / "s", "SELECT rank FROM engines ORDER BY rank NULLS FIRST")
     assert got == [(None,), (1,)]
 
 
