@@ -34,8 +34,8 @@ SIZES = (256 << 10, 1 << 20, 4 << 20, 8 << 20)  # bytes of one READ
 def _pair(name: str):
     from nixl._api import nixl_agent, nixl_agent_config
 
-    target, reader = (nixl_agent(f"{name}-{side}", nixl_agent_config(backends=["UCX"], capture_telemetry=True))
-                      for side in ("target", "reader"))  # fmt: skip
+    config = nixl_agent_config(backends=["UCX"], capture_telemetry=True)  # each READ's own telemetry
+    target, reader = (nixl_agent(f"{name}-{side}", config) for side in ("target", "reader"))
     src = np.random.default_rng(1).integers(0, 255, BUFFER, dtype=np.uint8)
     dst = np.zeros_like(src)
     target.register_memory(target.get_reg_descs([(src.ctypes.data, src.nbytes, 0, "")], "DRAM"))
