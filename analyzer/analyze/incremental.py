@@ -1,0 +1,504 @@
+"""Incremental analysis: findings and per-request rollups kept in the store, recomputed only
+where new batches touch them, merged with what earlier runs left.
+
+The unit of work is a request id. A run finds the ingest batches no earlier run covered
+(``analysis_runs.batches``), and from their rows the request ids they touch: the ids of new
+reads, request records and log events, the prefill ids those name, and every request of an
+engine whose inputs to the rules changed (its byte model, host buffer, peak prefill rate, a
+log's engine named later: ``_ENGINE_DIGESTS``). That set is closed over the requests that
+share a prefill request id (``kv_expired`` matches prefill ids across engines). The
+request-scope rules then run on ``transfers``, ``requests`` and ``log_events`` cut down to
+those ids (log events that name no request are always kept: ``_peak_prefill_rate`` reads
+them), and their findings and rollups replace the stored ones of the same ids. The slow-rank
+windows (engine, window) that new reads fall into are recomputed from all reads of those
+windows. Other thresholds than the state's, or ``analyze --full``, recompute everything.
+
+What is recomputed in full every run, because it is cheap and spans partitions: the engine
+pair rule (``config_mismatch``: distinct pairs of the reads), the native-metrics rules (the
+intervals), ``output_mismatch`` (verifications, with the merged findings as its
+``_handoff_findings``), ``slow_rank``'s verdicts (from the stored windows and rollups) and the
+input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
+merged state instead of recomputing it, so its result equals a full analysis'.
+
+The state is four store tables (``analysis_*``, schemas beside the others), written as one
+batch with the store's commit protocol under the writer lock; every row carries the run's
+``seq`` and a row counts while it is the newest for its key since the last full run, so a
+compaction that merges state files of many runs changes nothing, and a run killed before its
+commit leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
+from hybridtrace.errors import UsageError
+from hybridtrace.store.commit import Store, new_batch_id
+
+__all__ = ["RECOMPUTED_RULES", "STORED_RULES", "IncrementalRun", "incremental_views", "store_of"]
+
+# The rules whose findings are stored per request; the others are recomputed each run.
+STORED_RULES = tuple(r for r in request_rules(after_others=False))
+_STORED_VIEWS = tuple(r.view for r in STORED_RULES)
+# What is recomputed in full each run (module docstring says why).
+RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
+_COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
+# A chain of requests sharing prefill ids longer than this is analysed in full instead.
+_CLOSURE_ROUNDS = 16
+
+# Per engine, everything the request-scope rules read of it besides its requests' own rows:
+# a change recomputes all its requests.
+_ENGINE_DIGESTS = """
+SELECT engine_id, md5(string_agg(part, '|' ORDER BY part)) AS digest FROM (
+    SELECT engine_id, 'model ' || CAST(m AS VARCHAR) AS part FROM engine_models m
+    UNION ALL SELECT engine_id, 'host buffer' FROM _host_buffer_engines
+    UNION ALL SELECT engine_id, 'peak prefill ' || CAST(tokens_per_s AS VARCHAR) FROM _peak_prefill_rate
+    UNION ALL SELECT fallback, 'renamed to ' || engine_id || ' in ' || source_id FROM _engine_renames
+    UNION ALL SELECT engine_id, 'renamed from ' || fallback || ' in ' || source_id FROM _engine_renames
+) WHERE engine_id IS NOT NULL GROUP BY engine_id
+"""
+
+
+def store_of(con: duckdb.DuckDBPyConnection) -> Store | None:
+    """The store ``con`` was opened on by ``analysis_connection``; None for another connection."""
+    try:
+        found = con.execute("SELECT location FROM _analysis_store").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return Store(found[0][0]) if found else None
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
+    return con.execute(sql, params or []).fetchall()[0][0]
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    found = con.execute(
+        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+    ).fetchall()
+    return found[0][0] if found else None
+
+
+@contextmanager
+def _views_as(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) -> Iterator[None]:
+    """Views defined as ``replacements`` says for the duration, then as they were.
+
+    DuckDB binds a view when it is created: an original that reads another replaced view can
+    only come back once that one has, so they are restored in passes until all are.
+    """
+    originals = {name: _view_sql(con, name) for name in replacements}
+    for name, sql in replacements.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+    try:
+        yield
+    finally:
+        pending = dict(originals)
+        while pending:
+            failed: dict[str, str | None] = {}
+            error: Exception | None = None
+            for name, sql in pending.items():
+                try:
+                    if sql is None:
+                        con.execute(f"DROP VIEW IF EXISTS {name}")
+                    else:
+                        con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+                except duckdb.BinderException as exc:
+                    failed[name], error = sql, exc
+            if len(failed) == len(pending):
+                raise error  # type: ignore[misc]  # no progress: a real error, not an order
+            pending = failed
+
+
+@contextmanager
+def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """``transfers``, ``requests`` and ``log_events`` cut to the request ids of ``_scope_ids``.
+
+    Rows without a request id stay: they are recomputed every run (``_peak_prefill_rate``
+    reads the log's stats lines, a log event naming no request is a finding of its own).
+    """
+    names = ("transfers", "requests", "log_events")
+    for name in names:
+        body = _view_sql(con, name).split(" AS ", 1)[1].rstrip().rstrip(";")
+        con.execute(f"CREATE OR REPLACE VIEW _all_{name} AS {body}")
+    cut = {
+        name: f"SELECT * FROM _all_{name} WHERE request_id IS NULL "
+        "OR request_id IN (SELECT request_id FROM _scope_ids)"
+        for name in names
+    }
+    try:
+        with _views_as(con, cut):
+            yield
+    finally:
+        for name in names:
+            con.execute(f"DROP VIEW IF EXISTS _all_{name}")
+
+
+@dataclass
+class IncrementalRun:
+    """One incremental analysis of a store: what it found new, and the state it will write."""
+
+    con: duckdb.DuckDBPyConnection
+    store: Store
+    full: bool
+    seq: int = 0
+    reason: str = ""
+    batches: list[str] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)
+    thresholds: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
+
+    # --- what is new -------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
+        con = self.con
+        self.thresholds = _scalar(
+            con, "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), "
+            "'')) FROM _thresholds")  # fmt: skip
+        self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
+        last = con.sql(
+            "SELECT seq, thresholds, engines FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+        ).fetchall()
+        self.seq = (last[0][0] + 1) if last else 1
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT "
+            "unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
+            "WHERE batch_id NOT IN (SELECT batch_id FROM _analyzed_batches)"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _analyzed_sources AS SELECT source_id FROM sources "
+            "WHERE batch_id IN (SELECT batch_id FROM _analyzed_batches)"
+        )
+        self.batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM _new_sources").fetchall())
+        if not self.full:
+            if not last:
+                self.full, self.reason = True, "no analysis state yet"
+            elif last[0][1] != self.thresholds:
+                self.full, self.reason = True, "thresholds changed"
+        if self.full:
+            self.reason = self.reason or "--full"
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _scope_ids AS SELECT DISTINCT request_id FROM ("
+                "SELECT request_id FROM transfers UNION ALL SELECT request_id FROM request_records "
+                "UNION ALL SELECT request_id FROM log_events) WHERE request_id IS NOT NULL"
+            )
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _scope_windows AS "
+                "SELECT DISTINCT engine_id, floor(ts / _t('window_s')) AS window_index FROM transfers"
+            )
+        else:
+            before = json.loads(last[0][2] or "{}")
+            changed = sorted(
+                e for e in set(before) | set(self.engines) if before.get(e) != self.engines.get(e)
+            )
+            self.changed = changed
+            self._incremental_scope(changed)
+        self.counts = {
+            "requests": _scalar(con, "SELECT count(*) FROM _scope_ids"),
+            "windows": _scalar(con, "SELECT count(*) FROM _scope_windows"),
+        }
+
+    def _incremental_scope(self, changed: list[str]) -> None:
+        con = self.con
+        new = "(source_id IS NULL OR source_id NOT IN (SELECT source_id FROM _analyzed_sources))"
+        con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
+        if changed:
+            con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _new_transfers AS
+            SELECT engine_id, request_id, remote_request_id, ts FROM transfers WHERE {new}
+            """
+        )
+        engines = "(SELECT engine_id FROM _changed_engines)"
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _scope_ids AS
+            SELECT DISTINCT request_id FROM (
+                SELECT request_id FROM _new_transfers
+                UNION ALL SELECT remote_request_id FROM _new_transfers
+                UNION ALL SELECT request_id FROM request_records WHERE {new}
+                UNION ALL SELECT remote_request_id FROM request_records WHERE {new}
+                UNION ALL SELECT request_id FROM log_events WHERE {new}
+                UNION ALL SELECT request_id FROM transfers
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM request_records
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM log_events WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_requests WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_findings
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+            ) WHERE request_id IS NOT NULL
+            """
+        )
+        # requests that share a prefill id see each other's records (kv_expired): one in
+        # scope brings the others
+        for _ in range(_CLOSURE_ROUNDS):
+            before = _scalar(con, "SELECT count(*) FROM _scope_ids")
+            con.execute(
+                """
+                INSERT INTO _scope_ids
+                SELECT DISTINCT id FROM (
+                    SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
+                    WHERE request_id IN (SELECT request_id FROM _scope_ids)
+                       OR remote_request_id IN (SELECT request_id FROM _scope_ids)
+                ) WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
+                """
+            )
+            if _scalar(con, "SELECT count(*) FROM _scope_ids") == before:
+                break
+        else:
+            self.full, self.reason = True, "requests chained through prefill ids beyond the closure rounds"
+            self.plan()
+            return
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_windows AS "
+            "SELECT DISTINCT engine_id, floor(ts / _t('window_s')) AS window_index FROM _new_transfers"
+        )
+
+    # --- computing the scope ---------------------------------------------------------
+
+    def compute(self) -> None:
+        """The scope's findings, rollups and windows; then the state merged with them."""
+        from hybridtrace.analyze import materialized
+
+        con = self.con
+        with ExitStack() as stack:
+            if not self.full:
+                stack.enter_context(_cut_to_scope(con))
+            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            union = " UNION ALL BY NAME ".join(
+                f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
+            )
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
+            con.execute(_SCOPE_ROLLUPS)
+            con.execute(_SCOPE_DAYS)
+        con.execute(_SCOPE_WINDOWS)
+        full_seq = (
+            0
+            if self.full
+            else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
+        )
+        replaced = "request_id IS NULL OR request_id IN (SELECT request_id FROM _scope_ids)"
+        keep = "false" if self.full else f"NOT ({replaced})"
+        valid = (f"SELECT request_id, max(seq) AS seq FROM analysis_requests "
+                 f"WHERE engine_id IS NULL AND seq >= {full_seq} GROUP BY request_id")  # fmt: skip
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_requests AS
+            SELECT a.* EXCLUDE (seq, day) FROM analysis_requests a JOIN ({valid}) v USING (request_id, seq)
+            WHERE a.engine_id IS NOT NULL AND {keep}
+            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_rollups
+            """
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_findings AS
+            SELECT f.* EXCLUDE (seq, day) FROM analysis_findings f JOIN ({valid}) v USING (request_id, seq)
+            WHERE {keep}
+            UNION ALL BY NAME SELECT * FROM _scope_findings
+            """
+        )
+        window_keep = (
+            "false"
+            if self.full
+            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_windows AS
+            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
+            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
+            WHERE {window_keep}
+            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
+            """
+        )
+
+    # --- the analysis on the merged state ---------------------------------------------
+
+    @contextmanager
+    def merged_views(self) -> Iterator[None]:
+        """The views ``_analyze`` reads, pointed at the merged state where it holds them."""
+        replacements = {view: f"SELECT {_COLUMNS} FROM _merged_findings WHERE rule = '{view}'"
+                        for view in _STORED_VIEWS}  # fmt: skip
+        replacements.update({
+            "_accounting_totals": _TOTALS,
+            "_request_reads": "SELECT engine_id, request_id, slowest_rank, critical_path_s "
+                              "FROM _merged_requests WHERE has_reads",
+            "handoffs": "SELECT prefill_s FROM _merged_requests WHERE handoff",
+            "_rank_windows": _RANK_WINDOWS,
+        })  # fmt: skip
+        with _views_as(self.con, replacements):
+            yield
+
+    # --- the state written -----------------------------------------------------------
+
+    def write(self) -> bool:
+        """Commit this run's state as one batch; False when another writer holds the store, or when
+        there is nothing to add (no new batch, nothing recomputed, the same engine inputs)."""
+        if not self.full and not self.batches and not any(self.counts.values()) and not self.changed:
+            return False
+        try:
+            with self.store.writer_lock():
+                if self._newest_committed_seq() != self.seq - 1:
+                    return False  # another analysis committed state since this one read it
+                self.store.recover()
+                self.store.write_batch(new_batch_id(), self._state_tables(), _empty_sources())
+        except UsageError:
+            return False
+        return True
+
+    def _newest_committed_seq(self) -> int:
+        files = self.store.committed_files("analysis_runs")
+        seqs = [s for f in files for s in self.store.files.read_table(f).column("seq").to_pylist()]
+        return max(seqs, default=0)
+
+    def _state_tables(self) -> dict[str, pa.Table]:
+        con, seq = self.con, self.seq
+        all_batches = self.batches
+        if self.full:
+            all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+        runs = pa.Table.from_pylist([{
+            "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
+            "thresholds": self.thresholds,
+            "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
+            "windows": self.counts.get("windows", 0), "ran_at": time.time(),
+        }])  # fmt: skip
+        markers = (
+            "SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day FROM _scope_ids s "
+            "LEFT JOIN _scope_days d USING (request_id)"
+        )
+        tables = {
+            "analysis_runs": runs,
+            "analysis_requests": _arrow(
+                con,
+                f"SELECT {seq} AS seq, * FROM _scope_rollups "
+                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers})",
+            ),
+            "analysis_findings": _arrow(
+                con,
+                f"SELECT {seq} AS seq, f.*, d.day FROM _scope_findings f "
+                "LEFT JOIN _scope_days d ON d.request_id = f.request_id",
+            ),
+            "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
+        }
+        return tables
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    got = con.sql(sql).arrow()
+    return got.read_all() if isinstance(got, pa.RecordBatchReader) else got
+
+
+def _empty_sources() -> pa.Table:
+    from hybridtrace.schema import table_schema
+
+    return table_schema("sources").arrow_schema().empty_table()
+
+
+# The scope's rollups, one row per (engine, request) that has reads or a request record
+# (read in the scope-cut views): the sums of _accounting_totals, the critical path of
+# _request_reads and the handoff's prefill time.
+_SCOPE_ROLLUPS = """
+CREATE OR REPLACE TEMP TABLE _scope_rollups AS
+WITH acc AS (
+    SELECT engine_id, request_id, count(*) AS reads,
+           count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+           count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
+           sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
+           sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
+           sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
+           sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
+           sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL)
+               AS sized_transported_bytes
+    FROM transfer_bytes GROUP BY engine_id, request_id
+),
+rr AS (SELECT engine_id, request_id, slowest_rank, critical_path_s FROM _request_reads),
+h AS (SELECT engine_id, request_id, prefill_s FROM handoffs),
+keys AS (
+    SELECT engine_id, request_id FROM acc UNION SELECT engine_id, request_id FROM rr
+    UNION SELECT engine_id, request_id FROM h
+)
+SELECT k.request_id, k.engine_id, d.day,
+       acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
+       acc.transported_bytes, acc.sized_transported_bytes,
+       rr.engine_id IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
+       h.engine_id IS NOT NULL AS handoff, h.prefill_s
+FROM keys k
+LEFT JOIN acc
+    ON acc.engine_id IS NOT DISTINCT FROM k.engine_id AND acc.request_id IS NOT DISTINCT FROM k.request_id
+LEFT JOIN rr
+    ON rr.engine_id IS NOT DISTINCT FROM k.engine_id AND rr.request_id IS NOT DISTINCT FROM k.request_id
+LEFT JOIN h
+    ON h.engine_id IS NOT DISTINCT FROM k.engine_id AND h.request_id IS NOT DISTINCT FROM k.request_id
+LEFT JOIN (SELECT request_id, min(day) AS day FROM (
+    SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM requests
+) GROUP BY request_id) d ON d.request_id = k.request_id
+"""
+
+# Each scope request id's day (its earliest record): the partition its state rows go to.
+_SCOPE_DAYS = """
+CREATE OR REPLACE TEMP TABLE _scope_days AS
+SELECT request_id, min(day) AS day FROM (
+    SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM request_records
+    UNION ALL SELECT request_id, day FROM log_events
+) WHERE request_id IN (SELECT request_id FROM _scope_ids) GROUP BY request_id
+"""
+
+# The per-rank medians of the windows new reads fall into, from every read of those windows
+# (the HAVING of _rank_windows is applied when they are read: a window only gains reads).
+_SCOPE_WINDOWS = """
+CREATE OR REPLACE TEMP TABLE _scope_window_rows AS
+SELECT t.engine_id, t.rank, floor(t.ts / _t('window_s')) AS window_index, count(*) AS reads,
+       median(t.transported_bytes / t.xfer_s) / 1e9 AS median_gb_s, min(t.day) AS day
+FROM transfers t
+SEMI JOIN _scope_windows w ON w.engine_id = t.engine_id AND w.window_index = floor(t.ts / _t('window_s'))
+WHERE t.status = 'ok' AND t.xfer_s > 0
+GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
+"""
+
+_TOTALS = """
+SELECT coalesce(sum(reads), 0) AS reads, coalesce(sum(reads_ok), 0) AS reads_ok,
+       coalesce(sum(reads_sized), 0) AS reads_sized,
+       sum(logical_bytes) AS logical_bytes, sum(expected_bytes) AS expected_bytes,
+       sum(reserved_bytes) AS reserved_bytes, sum(transported_bytes) AS transported_bytes,
+       sum(sized_transported_bytes) AS sized_transported_bytes
+FROM _merged_requests WHERE reads IS NOT NULL
+"""
+
+_RANK_WINDOWS = """
+WITH per_rank AS (
+    SELECT engine_id, rank, window_index AS "window", reads, median_gb_s FROM _merged_windows
+    WHERE reads >= _t('slow_rank_min_reads')
+)
+SELECT a.*, (SELECT median(b.median_gb_s) FROM per_rank b
+             WHERE b.engine_id = a.engine_id AND b."window" = a."window" AND b.rank <> a.rank)
+           AS peer_median_gb_s
+FROM per_rank a
+"""
+
+
+@contextmanager
+def incremental_views(
+    con: duckdb.DuckDBPyConnection, store: Store, *, full: bool
+) -> Iterator[IncrementalRun]:
+    """Plan, compute and commit an incremental run; inside, the views read the merged state."""
+    run = IncrementalRun(con, store, full=full)
+    run.plan()
+    run.compute()
+    written = run.write()
+    with run.merged_views():
+        yield run
+    run.counts["written"] = int(written)
