@@ -124,20 +124,19 @@ def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     reads the log's stats lines, a log event naming no request is a finding of its own).
     """
     names = ("transfers", "requests", "log_events")
+    # each cut once into a table: the rules read transfers a dozen times, and each read of
+    # the view would scan every request id of the store again
     for name in names:
-        body = _view_sql(con, name).split(" AS ", 1)[1].rstrip().rstrip(";")
-        con.execute(f"CREATE OR REPLACE VIEW _all_{name} AS {body}")
-    cut = {
-        name: f"SELECT * FROM _all_{name} WHERE request_id IS NULL "
-        "OR request_id IN (SELECT request_id FROM _scope_ids)"
-        for name in names
-    }
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE request_id IS NULL "
+            "OR request_id IN (SELECT request_id FROM _scope_ids)"
+        )
     try:
-        with _views_as(con, cut):
+        with _views_as(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
             yield
     finally:
         for name in names:
-            con.execute(f"DROP VIEW IF EXISTS _all_{name}")
+            con.execute(f"DROP TABLE IF EXISTS _cut_{name}")
 
 
 @dataclass
@@ -222,6 +221,15 @@ class IncrementalRun:
             """
         )
         engines = "(SELECT engine_id FROM _changed_engines)"
+        of_changed = f"""
+                UNION ALL SELECT request_id FROM transfers
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM request_records
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM log_events WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_requests WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_findings
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}"""
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE _scope_ids AS
@@ -231,14 +239,7 @@ class IncrementalRun:
                 UNION ALL SELECT request_id FROM request_records WHERE {new}
                 UNION ALL SELECT remote_request_id FROM request_records WHERE {new}
                 UNION ALL SELECT request_id FROM log_events WHERE {new}
-                UNION ALL SELECT request_id FROM transfers
-                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
-                UNION ALL SELECT request_id FROM request_records
-                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
-                UNION ALL SELECT request_id FROM log_events WHERE engine_id IN {engines}
-                UNION ALL SELECT request_id FROM analysis_requests WHERE engine_id IN {engines}
-                UNION ALL SELECT request_id FROM analysis_findings
-                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                {of_changed if changed else ""}
             ) WHERE request_id IS NOT NULL
             """
         )
@@ -290,26 +291,39 @@ class IncrementalRun:
             if self.full
             else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
         )
-        replaced = "request_id IS NULL OR request_id IN (SELECT request_id FROM _scope_ids)"
-        keep = "false" if self.full else f"NOT ({replaced})"
-        valid = (f"SELECT request_id, max(seq) AS seq FROM analysis_requests "
-                 f"WHERE engine_id IS NULL AND seq >= {full_seq} GROUP BY request_id")  # fmt: skip
+        # a stored row counts unless a later run (or this one) recomputed its request id: the
+        # marker rows of runs since the last full one are few, and the full run's files are
+        # skipped by their seq statistics, so this reads no row it does not keep
         con.execute(
             f"""
-            CREATE OR REPLACE TEMP TABLE _merged_requests AS
-            SELECT a.* EXCLUDE (seq, day) FROM analysis_requests a JOIN ({valid}) v USING (request_id, seq)
-            WHERE a.engine_id IS NOT NULL AND {keep}
-            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_rollups
+            CREATE OR REPLACE TEMP TABLE _later_markers AS
+            SELECT request_id, max(seq) AS seq FROM (
+                SELECT request_id, seq FROM analysis_requests WHERE engine_id IS NULL AND seq > {full_seq}
+                UNION ALL SELECT request_id, {self.seq} FROM _scope_ids
+            ) GROUP BY request_id
             """
+        )
+        current = (
+            "LEFT JOIN _later_markers m ON m.request_id = x.request_id "
+            f"WHERE x.seq >= {full_seq} AND x.request_id IS NOT NULL AND (m.seq IS NULL OR m.seq <= x.seq)"
+        )
+        stored_requests = (
+            ""
+            if self.full
+            else "SELECT x.* EXCLUDE (seq, day) FROM analysis_requests x "
+            f"{current} AND x.engine_id IS NOT NULL UNION ALL BY NAME"
         )
         con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _merged_findings AS
-            SELECT f.* EXCLUDE (seq, day) FROM analysis_findings f JOIN ({valid}) v USING (request_id, seq)
-            WHERE {keep}
-            UNION ALL BY NAME SELECT * FROM _scope_findings
-            """
+            "CREATE OR REPLACE TEMP TABLE _merged_requests AS "
+            f"{stored_requests} SELECT * EXCLUDE (day) FROM _scope_rollups"
         )
+        stored_findings = (
+            ""
+            if self.full
+            else f"SELECT x.* EXCLUDE (seq, day) FROM analysis_findings x {current} UNION ALL BY NAME"
+        )
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _merged_findings AS {stored_findings} "
+                    "SELECT * FROM _scope_findings")  # fmt: skip
         window_keep = (
             "false"
             if self.full
@@ -466,6 +480,10 @@ SELECT t.engine_id, t.rank, floor(t.ts / _t('window_s')) AS window_index, count(
 FROM transfers t
 SEMI JOIN _scope_windows w ON w.engine_id = t.engine_id AND w.window_index = floor(t.ts / _t('window_s'))
 WHERE t.status = 'ok' AND t.xfer_s > 0
+  -- the windows' span (a window wider on each side: floor(ts / window_s) rounds), so that
+  -- files and row groups of other times are skipped unread
+  AND t.ts >= (SELECT (min(window_index) - 1) * _t('window_s') FROM _scope_windows)
+  AND t.ts < (SELECT (max(window_index) + 2) * _t('window_s') FROM _scope_windows)
 GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
 """
 
