@@ -30,6 +30,7 @@ commit leaves the state as it was.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -354,7 +355,14 @@ class IncrementalRun:
             "handoffs": "SELECT prefill_s FROM _merged_requests WHERE handoff",
             "_rank_windows": _RANK_WINDOWS,
         })  # fmt: skip
-        with _views_as(self.con, replacements):
+        # the views that read only these few columns of the reads read them from the rollups
+        for view, surrogate in (("_config_pairs", "_transfer_pairs"), ("_named_events", "_not_ok_transfers")):
+            original = _view_sql(self.con, view)
+            if original and " transfers" in original:
+                body = original.split(" AS ", 1)[1].rstrip().rstrip(";")
+                replacements[view] = re.sub(r"\btransfers\b", surrogate, body)
+        surrogates = {"_transfer_pairs": _TRANSFER_PAIRS, "_not_ok_transfers": _NOT_OK_TRANSFERS}
+        with _views_as(self.con, {**surrogates, **replacements}):
             yield
 
     # --- the state written -----------------------------------------------------------
@@ -440,16 +448,28 @@ WITH acc AS (
     FROM transfer_bytes GROUP BY engine_id, request_id
 ),
 rr AS (SELECT engine_id, request_id, slowest_rank, critical_path_s FROM _request_reads),
+tx AS (
+    SELECT engine_id, request_id, count(*) FILTER (WHERE status = 'failed') AS failed_reads,
+           CAST(to_json(coalesce(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
+                FILTER (WHERE remote_engine_id IS NOT NULL), [])) AS VARCHAR) AS remotes,
+           bool_or(remote_engine_id IS NULL) AS null_remote,
+           CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
+                FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)) AS VARCHAR)
+               AS expired_remotes,
+           coalesce(bool_or(status = 'expired' AND remote_engine_id IS NULL), false) AS expired_null_remote
+    FROM transfers GROUP BY engine_id, request_id
+),
 h AS (SELECT engine_id, request_id, prefill_s FROM handoffs),
 keys AS (
     SELECT engine_id, request_id FROM acc UNION SELECT engine_id, request_id FROM rr
-    UNION SELECT engine_id, request_id FROM h
+    UNION SELECT engine_id, request_id FROM h UNION SELECT engine_id, request_id FROM tx
 )
 SELECT k.request_id, k.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.engine_id IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
-       h.engine_id IS NOT NULL AS handoff, h.prefill_s
+       h.engine_id IS NOT NULL AS handoff, h.prefill_s,
+       tx.failed_reads, tx.remotes, tx.null_remote, tx.expired_remotes, tx.expired_null_remote
 FROM keys k
 LEFT JOIN acc
     ON acc.engine_id IS NOT DISTINCT FROM k.engine_id AND acc.request_id IS NOT DISTINCT FROM k.request_id
@@ -457,6 +477,8 @@ LEFT JOIN rr
     ON rr.engine_id IS NOT DISTINCT FROM k.engine_id AND rr.request_id IS NOT DISTINCT FROM k.request_id
 LEFT JOIN h
     ON h.engine_id IS NOT DISTINCT FROM k.engine_id AND h.request_id IS NOT DISTINCT FROM k.request_id
+LEFT JOIN tx
+    ON tx.engine_id IS NOT DISTINCT FROM k.engine_id AND tx.request_id IS NOT DISTINCT FROM k.request_id
 LEFT JOIN (SELECT request_id, min(day) AS day FROM (
     SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM requests
 ) GROUP BY request_id) d ON d.request_id = k.request_id
@@ -494,6 +516,25 @@ SELECT coalesce(sum(reads), 0) AS reads, coalesce(sum(reads_ok), 0) AS reads_ok,
        sum(reserved_bytes) AS reserved_bytes, sum(transported_bytes) AS transported_bytes,
        sum(sized_transported_bytes) AS sized_transported_bytes
 FROM _merged_requests WHERE reads IS NOT NULL
+"""
+
+# What _config_pairs and _named_events read of the reads, from the rollups: each request's
+# prefill engines, and its failed and expired reads (one row per failed read, one per
+# prefill engine of its expired ones: what those views count).
+_TRANSFER_PAIRS = """
+SELECT engine_id, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) AS remote_engine_id
+FROM _merged_requests WHERE remotes IS NOT NULL
+UNION ALL SELECT engine_id, CAST(NULL AS VARCHAR) FROM _merged_requests WHERE null_remote
+"""
+_NOT_OK_TRANSFERS = """
+SELECT engine_id, request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, 'failed' AS status
+FROM _merged_requests, range(coalesce(failed_reads, 0))
+UNION ALL
+SELECT engine_id, request_id, unnest(CAST(json_extract_string(expired_remotes, '$[*]') AS VARCHAR[])),
+       'expired'
+FROM _merged_requests WHERE expired_remotes IS NOT NULL
+UNION ALL
+SELECT engine_id, request_id, CAST(NULL AS VARCHAR), 'expired' FROM _merged_requests WHERE expired_null_remote
 """
 
 _RANK_WINDOWS = """
