@@ -202,3 +202,17 @@ def test_cli_full_flag_recomputes_everything(bundle, tmp_path):
     assert folders == {False}
     assert all(p.parent.name.startswith("engine_id=") and p.parent.parent.name.startswith("day=")
                for p in (job.store / "analysis_requests").rglob("*.parquet"))  # fmt: skip
+
+
+def test_state_of_another_layout_is_recomputed_in_full(bundle, tmp_path, monkeypatch):
+    from hybridtrace.analyze import incremental
+
+    job = Growing(bundle, tmp_path)
+    job.grow(0.2, 0.2)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    job.grow(0.25, 0.2)
+    job.ingest()
+    monkeypatch.setattr(incremental, "STATE_VERSION", incremental.STATE_VERSION + 1)
+    later = _check(job.store)
+    assert later["full_run"] and later["state_version"] == incremental.STATE_VERSION

@@ -51,6 +51,9 @@ _STORED_VIEWS = tuple(r.view for r in STORED_RULES)
 # What is recomputed in full each run (module docstring says why).
 RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
+# The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
+# full rather than read columns that layout lacked as nulls.
+STATE_VERSION = 1
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -165,7 +168,7 @@ class IncrementalRun:
             "'')) FROM _thresholds")  # fmt: skip
         self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
         last = con.sql(
-            "SELECT seq, thresholds, engines FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+            "SELECT seq, thresholds, engines, state_version FROM analysis_runs ORDER BY seq DESC LIMIT 1"
         ).fetchall()
         self.seq = (last[0][0] + 1) if last else 1
         con.execute(
@@ -184,6 +187,8 @@ class IncrementalRun:
         if not self.full:
             if not last:
                 self.full, self.reason = True, "no analysis state yet"
+            elif last[0][3] != STATE_VERSION:
+                self.full, self.reason = True, "state of another layout"
             elif last[0][1] != self.thresholds:
                 self.full, self.reason = True, "thresholds changed"
         if self.full:
@@ -396,7 +401,7 @@ class IncrementalRun:
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
-            "windows": self.counts.get("windows", 0), "ran_at": time.time(),
+            "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
         }])  # fmt: skip
         markers = (
             "SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day FROM _scope_ids s "
