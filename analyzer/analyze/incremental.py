@@ -13,11 +13,12 @@ them), and their findings and rollups replace the stored ones of the same ids. T
 windows (engine, window) that new reads fall into are recomputed from all reads of those
 windows. Other thresholds than the state's, or ``analyze --full``, recompute everything.
 
-What is recomputed in full every run, because it is cheap and spans partitions: the engine
-pair rule (``config_mismatch``: distinct pairs of the reads), the native-metrics rules (the
-intervals), ``output_mismatch`` (verifications, with the merged findings as its
-``_handoff_findings``), ``slow_rank``'s verdicts (from the stored windows and rollups) and the
-input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
+What is recomputed in full every run, because it spans partitions, reads the rollups instead
+of the reads: the engine pair rule (``config_mismatch``: each request's prefill engines), the
+native-metrics rules (the intervals; the failed and expired reads ``_named_events`` counts),
+``slow_rank``'s verdicts (the stored windows, the requests' critical paths),
+``output_mismatch`` (verifications, with the merged findings as its ``_handoff_findings``)
+and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
 merged state instead of recomputing it, so its result equals a full analysis'.
 
 The state is four store tables (``analysis_*``, schemas beside the others), written as one
