@@ -361,15 +361,28 @@ class IncrementalRun:
             "handoffs": "SELECT prefill_s FROM _merged_requests WHERE handoff",
             "_rank_windows": _RANK_WINDOWS,
         })  # fmt: skip
-        # the views that read only these few columns of the reads read them from the rollups
+        # the views that read only these few columns of the reads read them from the rollups,
+        # each computed once (native_counters reads _named_events twice)
+        con = self.con
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _transfer_pairs AS {_TRANSFER_PAIRS}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _not_ok_transfers AS {_NOT_OK_TRANSFERS}")
         for view, surrogate in (("_config_pairs", "_transfer_pairs"), ("_named_events", "_not_ok_transfers")):
-            original = _view_sql(self.con, view)
+            original = _view_sql(con, view)
             if original and " transfers" in original:
-                body = original.split(" AS ", 1)[1].rstrip().rstrip(";")
-                replacements[view] = re.sub(r"\btransfers\b", surrogate, body)
-        surrogates = {"_transfer_pairs": _TRANSFER_PAIRS, "_not_ok_transfers": _NOT_OK_TRANSFERS}
-        with _views_as(self.con, {**surrogates, **replacements}):
-            yield
+                body = re.sub(r"\btransfers\b", surrogate, original.split(" AS ", 1)[1].rstrip().rstrip(";"))
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _state{view} AS {body}")
+                replacements[view] = f"SELECT * FROM _state{view}"
+        try:
+            with _views_as(con, replacements):
+                yield
+        finally:
+            for table in (
+                "_transfer_pairs",
+                "_not_ok_transfers",
+                "_state_config_pairs",
+                "_state_named_events",
+            ):
+                con.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- the state written -----------------------------------------------------------
 
@@ -456,8 +469,12 @@ WITH acc AS (
 rr AS (SELECT engine_id, request_id, slowest_rank, critical_path_s FROM _request_reads),
 tx AS (
     SELECT engine_id, request_id, count(*) FILTER (WHERE status = 'failed') AS failed_reads,
-           CAST(to_json(coalesce(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
-                FILTER (WHERE remote_engine_id IS NOT NULL), [])) AS VARCHAR) AS remotes,
+           count(DISTINCT remote_engine_id) AS remote_count,
+           CASE WHEN count(DISTINCT remote_engine_id) = 1 THEN min(remote_engine_id) END AS remote_engine_id,
+           -- a list only for the few requests that read from several prefill engines
+           CASE WHEN count(DISTINCT remote_engine_id) > 1
+                THEN CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
+                     FILTER (WHERE remote_engine_id IS NOT NULL)) AS VARCHAR) END AS remotes,
            bool_or(remote_engine_id IS NULL) AS null_remote,
            CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
                 FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)) AS VARCHAR)
@@ -475,7 +492,8 @@ SELECT k.request_id, k.engine_id, d.day,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.engine_id IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
        h.engine_id IS NOT NULL AS handoff, h.prefill_s,
-       tx.failed_reads, tx.remotes, tx.null_remote, tx.expired_remotes, tx.expired_null_remote
+       tx.failed_reads, tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
+       tx.expired_remotes, tx.expired_null_remote
 FROM keys k
 LEFT JOIN acc
     ON acc.engine_id IS NOT DISTINCT FROM k.engine_id AND acc.request_id IS NOT DISTINCT FROM k.request_id
@@ -528,13 +546,15 @@ FROM _merged_requests WHERE reads IS NOT NULL
 # prefill engines, and its failed and expired reads (one row per failed read, one per
 # prefill engine of its expired ones: what those views count).
 _TRANSFER_PAIRS = """
+SELECT DISTINCT engine_id, remote_engine_id FROM _merged_requests WHERE remote_count = 1
+UNION ALL
 SELECT engine_id, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) AS remote_engine_id
-FROM _merged_requests WHERE remotes IS NOT NULL
+FROM _merged_requests WHERE remote_count > 1
 UNION ALL SELECT engine_id, CAST(NULL AS VARCHAR) FROM _merged_requests WHERE null_remote
 """
 _NOT_OK_TRANSFERS = """
 SELECT engine_id, request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, 'failed' AS status
-FROM _merged_requests, range(coalesce(failed_reads, 0))
+FROM (SELECT * FROM _merged_requests WHERE failed_reads > 0), range(failed_reads)
 UNION ALL
 SELECT engine_id, request_id, unnest(CAST(json_extract_string(expired_remotes, '$[*]') AS VARCHAR[])),
        'expired'
