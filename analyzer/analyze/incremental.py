@@ -180,10 +180,6 @@ class IncrementalRun:
             "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
             "WHERE batch_id NOT IN (SELECT batch_id FROM _analyzed_batches)"
         )
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE _analyzed_sources AS SELECT source_id FROM sources "
-            "WHERE batch_id IN (SELECT batch_id FROM _analyzed_batches)"
-        )
         self.batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM _new_sources").fetchall())
         if not self.full:
             if not last:
@@ -217,7 +213,15 @@ class IncrementalRun:
 
     def _incremental_scope(self, changed: list[str]) -> None:
         con = self.con
-        new = "(source_id IS NULL OR source_id NOT IN (SELECT source_id FROM _analyzed_sources))"
+        # a row is new when its read (its sources row, which ingest commits in the same batch)
+        # is; a short list is spelled out, so that the Parquet scans skip, by their source_id
+        # statistics, every row group of an older read
+        new_ids = [i for (i,) in con.sql("SELECT source_id FROM _new_sources").fetchall() if i is not None]
+        if len(new_ids) <= 2000:
+            listed = ", ".join("'" + i.replace("'", "''") + "'" for i in new_ids) or "NULL"
+            new = f"(source_id IS NULL OR source_id IN ({listed}))"
+        else:
+            new = "(source_id IS NULL OR source_id IN (SELECT source_id FROM _new_sources))"
         con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
         if changed:
             con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
