@@ -286,6 +286,9 @@ class IncrementalRun:
         from hybridtrace.analyze import materialized
 
         con = self.con
+        # a join key for (engine, request) in which a null matches a null, for hash joins
+        con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
+                    "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
         with ExitStack() as stack:
             if not self.full:
                 stack.enter_context(_cut_to_scope(con))
@@ -294,8 +297,8 @@ class IncrementalRun:
                 f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
             )
             con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
-            con.execute(_SCOPE_ROLLUPS)
             con.execute(_SCOPE_DAYS)
+            con.execute(_SCOPE_ROLLUPS)
         con.execute(_SCOPE_WINDOWS)
         full_seq = (
             0
@@ -459,7 +462,7 @@ def _empty_sources() -> pa.Table:
 _SCOPE_ROLLUPS = """
 CREATE OR REPLACE TEMP TABLE _scope_rollups AS
 WITH acc AS (
-    SELECT engine_id, request_id, count(*) AS reads,
+    SELECT _key(engine_id, request_id) AS k, count(*) AS reads,
            count(*) FILTER (WHERE status = 'ok') AS reads_ok,
            count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
            sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
@@ -468,11 +471,12 @@ WITH acc AS (
            sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
            sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL)
                AS sized_transported_bytes
-    FROM transfer_bytes GROUP BY engine_id, request_id
+    FROM transfer_bytes GROUP BY ALL
 ),
-rr AS (SELECT engine_id, request_id, slowest_rank, critical_path_s FROM _request_reads),
+rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
 tx AS (
-    SELECT engine_id, request_id, count(*) FILTER (WHERE status = 'failed') AS failed_reads,
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k,
+           count(*) FILTER (WHERE status = 'failed') AS failed_reads,
            count(DISTINCT remote_engine_id) AS remote_count,
            CASE WHEN count(DISTINCT remote_engine_id) = 1 THEN min(remote_engine_id) END AS remote_engine_id,
            -- a list only for the few requests that read from several prefill engines
@@ -486,30 +490,20 @@ tx AS (
            coalesce(bool_or(status = 'expired' AND remote_engine_id IS NULL), false) AS expired_null_remote
     FROM transfers GROUP BY engine_id, request_id
 ),
-h AS (SELECT engine_id, request_id, prefill_s FROM handoffs),
-keys AS (
-    SELECT engine_id, request_id FROM acc UNION SELECT engine_id, request_id FROM rr
-    UNION SELECT engine_id, request_id FROM h UNION SELECT engine_id, request_id FROM tx
-)
-SELECT k.request_id, k.engine_id, d.day,
+h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs)
+-- every key with a read is in tx; a handoff has reads too
+SELECT tx.request_id, tx.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
-       rr.engine_id IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
-       h.engine_id IS NOT NULL AS handoff, h.prefill_s,
+       rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
+       h.k IS NOT NULL AS handoff, h.prefill_s,
        tx.failed_reads, tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
        tx.expired_remotes, tx.expired_null_remote
-FROM keys k
-LEFT JOIN acc
-    ON acc.engine_id IS NOT DISTINCT FROM k.engine_id AND acc.request_id IS NOT DISTINCT FROM k.request_id
-LEFT JOIN rr
-    ON rr.engine_id IS NOT DISTINCT FROM k.engine_id AND rr.request_id IS NOT DISTINCT FROM k.request_id
-LEFT JOIN h
-    ON h.engine_id IS NOT DISTINCT FROM k.engine_id AND h.request_id IS NOT DISTINCT FROM k.request_id
-LEFT JOIN tx
-    ON tx.engine_id IS NOT DISTINCT FROM k.engine_id AND tx.request_id IS NOT DISTINCT FROM k.request_id
-LEFT JOIN (SELECT request_id, min(day) AS day FROM (
-    SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM requests
-) GROUP BY request_id) d ON d.request_id = k.request_id
+FROM tx
+LEFT JOIN acc USING (k)
+LEFT JOIN rr USING (k)
+LEFT JOIN h USING (k)
+LEFT JOIN _scope_days d ON d.request_id = tx.request_id
 """
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
