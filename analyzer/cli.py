@@ -310,6 +310,9 @@ def analyze_command(
         typer.Option(help="hybridtrace.toml with a \\[thresholds] table (default: ./hybridtrace.toml)."),
     ] = None,
     limit: Annotated[int, typer.Option(help="Findings shown in the table (json and csv show all).")] = 40,
+    full: Annotated[
+        bool, typer.Option("--full", help="Recompute every finding instead of only what new batches touch.")
+    ] = False,
 ) -> None:
     """Run the finding rules over the store and print the findings."""
     from hybridtrace.analyze import analyze
@@ -323,7 +326,8 @@ def analyze_command(
     # an empty --fail-on is refused, as `run` refuses it: a script's empty $KINDS must not
     # turn alerting off without a word
     kinds = parse_kinds(fail_on, "--fail-on") if fail_on is not None else set()
-    result = analyze(open_analysis(store or default_store(), config=config), config=config)
+    result = analyze(open_analysis(store or default_store(), config=config), config=config, incremental=True,
+                     full=full)
     if fmt is OutputFormat.json:
         typer.echo(to_json(result.as_dict()))
     elif fmt is OutputFormat.csv:

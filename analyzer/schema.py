@@ -100,6 +100,11 @@ TABLES = (
     "nixl_rings",
     "nixlbench_points",
     "agent_map",
+    # the incremental analysis' state (analyze/incremental.py), written as batches too
+    "analysis_runs",
+    "analysis_requests",
+    "analysis_findings",
+    "analysis_rank_windows",
 )
 DERIVED = ("engine_models",)
 

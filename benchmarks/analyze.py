@@ -12,6 +12,18 @@ in a fresh interpreter:
   three key columns only, a DISTINCT and not the GROUP BY this claims to be;
 - ``hybridtrace analyze`` on the store (every rule, the summary and the input counts).
 Prints both times, their ratio and each peak RSS.
+
+With --incremental (issue 20's first figure) the store is built without the last requests
+of the decode trace; those arrive afterwards as one new object (a trace part of their own),
+once the store's analysis state exists. Timed, each in a fresh interpreter on the same store:
+- start-up: open the store for analysis and run ``SELECT 1`` (what ``hybridtrace query
+  "SELECT 1"`` does);
+- a full analysis (every rule over everything, writing no state: the analysis as it was);
+- ``analyze`` incremental after the new object was ingested (each repeat first removes the
+  state batch the previous repeat committed, so each starts from the same state).
+All of it on a copy of the store, so that --keep reuses one without state or new object.
+Prints each one's time beyond start-up and the ratio of the incremental one to the full one
+(target: at most 5%).
 """
 
 from __future__ import annotations
@@ -19,6 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from _measure import run_timed
@@ -32,7 +47,21 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/hybridtrace-analyze-bench")
     parser.add_argument("--keep", action="store_true", help="reuse the store of an earlier run")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each side; the best counts")
+    parser.add_argument(
+        "--incremental",
+        action="store_true",
+        help="time analyze after one new object against a full analysis (issue 20)",
+    )
+    parser.add_argument(
+        "--new-requests",
+        type=int,
+        default=20,
+        help="with --incremental: requests of the decode trace held back as the new object",
+    )
     args = parser.parse_args()
+    if args.incremental:
+        incremental(args)
+        return
     root = Path(args.dir)
     store = root / f"store-{args.requests}"
     if not (args.keep and (store / "sources").exists()):
@@ -75,9 +104,103 @@ def main() -> None:
     counted = json.loads(counts)
     print(f"store             {args.requests:,} requests, {counted['transfers']:,} reads, {groups} groups")
     print(f"GROUP BY baseline {base_s:6.2f} s  peak RSS {base_rss / 2**20:,.0f} MiB")
-    print(f"analyze           {analyze_s:6.2f} s  peak RSS {analyze_rss / 2**20:,.0f} MiB"
-          f"  ({counted['findings']:,} findings)")
+    print(
+        f"analyze           {analyze_s:6.2f} s  peak RSS {analyze_rss / 2**20:,.0f} MiB"
+        f"  ({counted['findings']:,} findings)"
+    )
     print(f"analyze / baseline: {analyze_s / base_s:.2f}x")
+
+
+def _timed(code: str) -> tuple[float, str]:
+    """Wall seconds of a fresh interpreter running ``code`` (start-up included), its last line."""
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    return time.perf_counter() - started, lines[-1] if lines else ""
+
+
+def _held_back(trace: Path, requests: int) -> list[str]:
+    """The lines of the trace's last ``requests`` requests (all their records), taken out of it."""
+    lines = trace.read_text().splitlines(keepends=True)
+    ids: list[str] = []
+    for line in reversed(lines):
+        rid = json.loads(line).get("request_id")
+        if rid and rid not in ids:
+            ids.append(rid)
+        if len(ids) >= requests:
+            break
+    chosen = set(ids)
+    kept, held = [], []
+    for line in lines:
+        (held if json.loads(line).get("request_id") in chosen else kept).append(line)
+    trace.write_text("".join(kept))
+    return held
+
+
+def incremental(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    store = root / f"store-incremental-{args.requests}"
+    new_object = root / f"new-{args.requests}" / "decode-0" / "trace.part-new.jsonl"
+    if not (args.keep and (store / "sources").exists() and new_object.exists()):
+        shutil.rmtree(root, ignore_errors=True)
+        bundle = root / "bundle"
+        setup = (
+            "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
+            f"simulate(SimOptions(requests={args.requests}, prefill_tp=(4,), decode_tp=(4,),"
+            f" inject=parse_inject('all')), {str(bundle)!r})\n"
+        )
+        seconds, _ = _timed(setup)
+        held = _held_back(bundle / "decode-0" / "trace.jsonl", args.new_requests)
+        new_object.parent.mkdir(parents=True)
+        new_object.write_text("".join(held))
+        seconds += _timed(f"from hybridtrace.ingest.run import ingest\n"
+                          f"ingest([{str(bundle)!r}], {str(store)!r}, progress=False)\n")[0]  # fmt: skip
+        print(f"setup (simulate + ingest)  {seconds:6.1f} s; {len(held):,} records held back")
+        shutil.rmtree(bundle)
+    # timed on a copy, so that a kept store stays without state and without the new object
+    work = root / f"work-{args.requests}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(store, work)
+    store = work
+    # the state of every batch so far, then the new object in a batch of its own
+    opened = f"from hybridtrace.store.analysis import open_analysis\ncon = open_analysis({str(store)!r})\n"
+    analyzed = "from hybridtrace.analyze import analyze\n" + opened
+    first, _ = _timed(analyzed + "analyze(con, incremental=True, full=True)\n")
+    print(f"analyze --full (writes the state)  {first:6.2f} s")
+    _timed(f"from hybridtrace.ingest.run import ingest\n"
+           f"ingest([{str(new_object.parent.parent)!r}], {str(store)!r}, progress=False)\n")  # fmt: skip
+    state = _state_files(store)
+    codes = {
+        "start-up": opened + "print(con.sql('SELECT 1').fetchall()[0][0])\n",
+        "full analysis": analyzed + "print(len(analyze(con)))\n",
+        "incremental": analyzed + "print(len(analyze(con, incremental=True)))\n",
+    }
+    best: dict[str, tuple[float, str]] = {}
+    for _ in range(args.repeat):
+        for name, code in codes.items():
+            for path in _state_files(store) - state:  # the previous repeat's state batch
+                path.unlink()
+            run = _timed(code)
+            if name not in best or run[0] < best[name][0]:
+                best[name] = run
+    start = best["start-up"][0]
+    full_s, full_n = best["full analysis"]
+    inc_s, inc_n = best["incremental"]
+    assert full_n == inc_n, f"the incremental analysis found {inc_n} findings, the full one {full_n}"
+    print(f"store             {args.requests:,} requests at TP 4; new object: {args.new_requests} requests")
+    print(f"start-up          {start:6.2f} s  (open the store, SELECT 1)")
+    print(f"full analysis     {full_s:6.2f} s  {full_s - start:6.2f} s beyond start-up  ({full_n} findings)")
+    print(f"incremental       {inc_s:6.2f} s  {inc_s - start:6.2f} s beyond start-up")
+    ratio = (inc_s - start) / (full_s - start)
+    print(f"incremental / full, beyond start-up: {ratio:.1%} (target <= 5%)")
+
+
+def _state_files(store: Path) -> set[Path]:
+    """Every file of the analysis state and every commit record: what a state batch adds."""
+    found = {p for p in (store / "sources").glob("part-*.parquet")}
+    for table in ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows"):
+        found |= set((store / table).rglob("*.parquet"))
+    return found
 
 
 if __name__ == "__main__":

@@ -56,7 +56,10 @@ SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 
 _ORDER_BY = (
     "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
-    "kind, coalesce(engine_id, ''), coalesce(request_id, ''), coalesce(rank, -1)"
+    "kind, coalesce(engine_id, ''), coalesce(request_id, ''), coalesce(rank, -1), "
+    # findings equal on all of the above (one request's failures from two prefill engines)
+    # keep one order, so that two analyses of one store list them alike
+    "coalesce(remote_engine_id, ''), message, evidence"
 )
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 
@@ -131,9 +134,27 @@ class Analysis:
         return {"findings": self.findings, "inputs": self.inputs, "summary": self.summary}
 
 
-def analyze(con: duckdb.DuckDBPyConnection, *, config: str | None = None) -> Analysis:
-    """Run every finding rule over the store behind ``con``."""
+def analyze(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    config: str | None = None,
+    incremental: bool = False,
+    full: bool = False,
+) -> Analysis:
+    """Run every finding rule over the store behind ``con``.
+
+    ``incremental`` keeps findings and rollups in the store and recomputes only what new
+    batches touch (``incremental.py``); ``full`` with it recomputes and rewrites everything.
+    The result is the same either way.
+    """
     install_thresholds(con, load_thresholds(config))
+    if incremental:
+        from hybridtrace.analyze.incremental import incremental_views, store_of
+
+        store = store_of(con)
+        if store is not None:
+            with incremental_views(con, store, full=full), materialized(con, ("intervals", "interval_bytes")):
+                return _analyze(con)
     with materialized(con, ANALYSIS_VIEWS):
         return _analyze(con)
 

@@ -60,6 +60,9 @@ def analysis_connection(
     from hybridtrace.store.raw_views import raw_connection
 
     con = raw_connection(store)
+    # which store this is, for the incremental analysis' state (analyze/incremental.py)
+    con.execute("CREATE TEMP TABLE _analysis_store AS SELECT CAST(? AS VARCHAR) AS location",
+                [store.location])  # fmt: skip
     register_engine_models(con)
     if views:
         from hybridtrace.analyze.link_fit import refresh_link_fits

@@ -1,0 +1,587 @@
+"""Incremental analysis: findings and per-request rollups kept in the store, recomputed only
+where new batches touch them, merged with what earlier runs left.
+
+The unit of work is a request id. A run finds the ingest batches no earlier run covered
+(``analysis_runs.batches``), and from their rows the request ids they touch: the ids of new
+reads, request records and log events, the prefill ids those name, and every request of an
+engine whose inputs to the rules changed (its byte model, host buffer, peak prefill rate, a
+log's engine named later: ``_ENGINE_DIGESTS``). That set is closed over the requests that
+share a prefill request id (``kv_expired`` matches prefill ids across engines). The
+request-scope rules then run on ``transfers``, ``requests`` and ``log_events`` cut down to
+those ids (log events that name no request are always kept: ``_peak_prefill_rate`` reads
+them), and their findings and rollups replace the stored ones of the same ids. The slow-rank
+windows (engine, window) that new reads fall into are recomputed from all reads of those
+windows. Other thresholds than the state's, or ``analyze --full``, recompute everything.
+
+What is recomputed in full every run, because it spans partitions, reads the rollups instead
+of the reads: the engine pair rule (``config_mismatch``: each request's prefill engines), the
+native-metrics rules (the intervals; the failed and expired reads ``_named_events`` counts),
+``slow_rank``'s verdicts (the stored windows, the requests' critical paths),
+``output_mismatch`` (verifications, with the merged findings as its ``_handoff_findings``)
+and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
+merged state instead of recomputing it, so its result equals a full analysis'.
+
+The state is four store tables (``analysis_*``, schemas beside the others), written as one
+batch with the store's commit protocol under the writer lock; every row carries the run's
+``seq`` and a row counts while it is the newest for its key since the last full run, so a
+compaction that merges state files of many runs changes nothing, and a run killed before its
+commit leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
+from hybridtrace.errors import UsageError
+from hybridtrace.store.commit import Store, new_batch_id
+
+__all__ = ["RECOMPUTED_RULES", "STORED_RULES", "IncrementalRun", "incremental_views", "store_of"]
+
+# The rules whose findings are stored per request; the others are recomputed each run.
+STORED_RULES = tuple(r for r in request_rules(after_others=False))
+_STORED_VIEWS = tuple(r.view for r in STORED_RULES)
+# What is recomputed in full each run (module docstring says why).
+RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
+_COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
+# The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
+# full rather than read columns that layout lacked as nulls.
+STATE_VERSION = 1
+# A chain of requests sharing prefill ids longer than this is analysed in full instead.
+_CLOSURE_ROUNDS = 16
+
+# Per engine, everything the request-scope rules read of it besides its requests' own rows:
+# a change recomputes all its requests.
+_ENGINE_DIGESTS = """
+SELECT engine_id, md5(string_agg(part, '|' ORDER BY part)) AS digest FROM (
+    SELECT engine_id, 'model ' || CAST(m AS VARCHAR) AS part FROM engine_models m
+    UNION ALL SELECT engine_id, 'host buffer' FROM _host_buffer_engines
+    UNION ALL SELECT engine_id, 'peak prefill ' || CAST(tokens_per_s AS VARCHAR) FROM _peak_prefill_rate
+    UNION ALL SELECT fallback, 'renamed to ' || engine_id || ' in ' || source_id FROM _engine_renames
+    UNION ALL SELECT engine_id, 'renamed from ' || fallback || ' in ' || source_id FROM _engine_renames
+) WHERE engine_id IS NOT NULL GROUP BY engine_id
+"""
+
+
+def store_of(con: duckdb.DuckDBPyConnection) -> Store | None:
+    """The store ``con`` was opened on by ``analysis_connection``; None for another connection."""
+    try:
+        found = con.execute("SELECT location FROM _analysis_store").fetchall()
+    except duckdb.CatalogException:
+        return None
+    return Store(found[0][0]) if found else None
+
+
+def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
+    return con.execute(sql, params or []).fetchall()[0][0]
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    found = con.execute(
+        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+    ).fetchall()
+    return found[0][0] if found else None
+
+
+@contextmanager
+def _views_as(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) -> Iterator[None]:
+    """Views defined as ``replacements`` says for the duration, then as they were.
+
+    DuckDB binds a view when it is created: an original that reads another replaced view can
+    only come back once that one has, so they are restored in passes until all are.
+    """
+    originals = {name: _view_sql(con, name) for name in replacements}
+    for name, sql in replacements.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+    try:
+        yield
+    finally:
+        pending = dict(originals)
+        while pending:
+            failed: dict[str, str | None] = {}
+            error: Exception | None = None
+            for name, sql in pending.items():
+                try:
+                    if sql is None:
+                        con.execute(f"DROP VIEW IF EXISTS {name}")
+                    else:
+                        con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+                except duckdb.BinderException as exc:
+                    failed[name], error = sql, exc
+            if len(failed) == len(pending):
+                raise error  # type: ignore[misc]  # no progress: a real error, not an order
+            pending = failed
+
+
+@contextmanager
+def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """``transfers``, ``requests`` and ``log_events`` cut to the request ids of ``_scope_ids``.
+
+    Rows without a request id stay: they are recomputed every run (``_peak_prefill_rate``
+    reads the log's stats lines, a log event naming no request is a finding of its own).
+    """
+    names = ("transfers", "requests", "log_events")
+    # each cut once into a table: the rules read transfers a dozen times, and each read of
+    # the view would scan every request id of the store again
+    for name in names:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE request_id IS NULL "
+            "OR request_id IN (SELECT request_id FROM _scope_ids)"
+        )
+    try:
+        with _views_as(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
+            yield
+    finally:
+        for name in names:
+            con.execute(f"DROP TABLE IF EXISTS _cut_{name}")
+
+
+@dataclass
+class IncrementalRun:
+    """One incremental analysis of a store: what it found new, and the state it will write."""
+
+    con: duckdb.DuckDBPyConnection
+    store: Store
+    full: bool
+    seq: int = 0
+    reason: str = ""
+    batches: list[str] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)
+    thresholds: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
+
+    # --- what is new -------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
+        con = self.con
+        self.thresholds = _scalar(
+            con, "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), "
+            "'')) FROM _thresholds")  # fmt: skip
+        self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
+        last = con.sql(
+            "SELECT seq, thresholds, engines, state_version FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+        ).fetchall()
+        self.seq = (last[0][0] + 1) if last else 1
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT "
+            "unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
+            "WHERE batch_id NOT IN (SELECT batch_id FROM _analyzed_batches)"
+        )
+        self.batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM _new_sources").fetchall())
+        if not self.full:
+            if not last:
+                self.full, self.reason = True, "no analysis state yet"
+            elif last[0][3] != STATE_VERSION:
+                self.full, self.reason = True, "state of another layout"
+            elif last[0][1] != self.thresholds:
+                self.full, self.reason = True, "thresholds changed"
+        if self.full:
+            self.reason = self.reason or "--full"
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _scope_ids AS SELECT DISTINCT request_id FROM ("
+                "SELECT request_id FROM transfers UNION ALL SELECT request_id FROM request_records "
+                "UNION ALL SELECT request_id FROM log_events) WHERE request_id IS NOT NULL"
+            )
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _scope_windows AS "
+                "SELECT DISTINCT engine_id, floor(ts / _t('window_s')) AS window_index FROM transfers"
+            )
+        else:
+            before = json.loads(last[0][2] or "{}")
+            changed = sorted(
+                e for e in set(before) | set(self.engines) if before.get(e) != self.engines.get(e)
+            )
+            self.changed = changed
+            self._incremental_scope(changed)
+        self.counts = {
+            "requests": _scalar(con, "SELECT count(*) FROM _scope_ids"),
+            "windows": _scalar(con, "SELECT count(*) FROM _scope_windows"),
+        }
+
+    def _incremental_scope(self, changed: list[str]) -> None:
+        con = self.con
+        # a row is new when its read (its sources row, which ingest commits in the same batch)
+        # is; a short list is spelled out, so that the Parquet scans skip, by their source_id
+        # statistics, every row group of an older read
+        new_ids = [i for (i,) in con.sql("SELECT source_id FROM _new_sources").fetchall() if i is not None]
+        if len(new_ids) <= 2000:
+            listed = ", ".join("'" + i.replace("'", "''") + "'" for i in new_ids) or "NULL"
+            new = f"(source_id IS NULL OR source_id IN ({listed}))"
+        else:
+            new = "(source_id IS NULL OR source_id IN (SELECT source_id FROM _new_sources))"
+        con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
+        if changed:
+            con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _new_transfers AS
+            SELECT engine_id, request_id, remote_request_id, ts FROM transfers WHERE {new}
+            """
+        )
+        engines = "(SELECT engine_id FROM _changed_engines)"
+        of_changed = f"""
+                UNION ALL SELECT request_id FROM transfers
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM request_records
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}
+                UNION ALL SELECT request_id FROM log_events WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_requests WHERE engine_id IN {engines}
+                UNION ALL SELECT request_id FROM analysis_findings
+                    WHERE engine_id IN {engines} OR remote_engine_id IN {engines}"""
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _scope_ids AS
+            SELECT DISTINCT request_id FROM (
+                SELECT request_id FROM _new_transfers
+                UNION ALL SELECT remote_request_id FROM _new_transfers
+                UNION ALL SELECT request_id FROM request_records WHERE {new}
+                UNION ALL SELECT remote_request_id FROM request_records WHERE {new}
+                UNION ALL SELECT request_id FROM log_events WHERE {new}
+                {of_changed if changed else ""}
+            ) WHERE request_id IS NOT NULL
+            """
+        )
+        # requests that share a prefill id see each other's records (kv_expired): one in
+        # scope brings the others
+        for _ in range(_CLOSURE_ROUNDS):
+            before = _scalar(con, "SELECT count(*) FROM _scope_ids")
+            con.execute(
+                """
+                INSERT INTO _scope_ids
+                SELECT DISTINCT id FROM (
+                    SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
+                    WHERE request_id IN (SELECT request_id FROM _scope_ids)
+                       OR remote_request_id IN (SELECT request_id FROM _scope_ids)
+                ) WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
+                """
+            )
+            if _scalar(con, "SELECT count(*) FROM _scope_ids") == before:
+                break
+        else:
+            self.full, self.reason = True, "requests chained through prefill ids beyond the closure rounds"
+            self.plan()
+            return
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_windows AS "
+            "SELECT DISTINCT engine_id, floor(ts / _t('window_s')) AS window_index FROM _new_transfers"
+        )
+
+    # --- computing the scope ---------------------------------------------------------
+
+    def compute(self) -> None:
+        """The scope's findings, rollups and windows; then the state merged with them."""
+        from hybridtrace.analyze import materialized
+
+        con = self.con
+        # a join key for (engine, request) in which a null matches a null, for hash joins
+        con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
+                    "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
+        with ExitStack() as stack:
+            if not self.full:
+                stack.enter_context(_cut_to_scope(con))
+            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            union = " UNION ALL BY NAME ".join(
+                f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
+            )
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
+            con.execute(_SCOPE_DAYS)
+            con.execute(_SCOPE_ROLLUPS)
+        con.execute(_SCOPE_WINDOWS)
+        full_seq = (
+            0
+            if self.full
+            else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
+        )
+        # a stored row counts unless a later run (or this one) recomputed its request id: the
+        # marker rows of runs since the last full one are few, and the full run's files are
+        # skipped by their seq statistics, so this reads no row it does not keep
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _later_markers AS
+            SELECT request_id, max(seq) AS seq FROM (
+                SELECT request_id, seq FROM analysis_requests WHERE engine_id IS NULL AND seq > {full_seq}
+                UNION ALL SELECT request_id, {self.seq} FROM _scope_ids
+            ) GROUP BY request_id
+            """
+        )
+        current = (
+            "LEFT JOIN _later_markers m ON m.request_id = x.request_id "
+            f"WHERE x.seq >= {full_seq} AND x.request_id IS NOT NULL AND (m.seq IS NULL OR m.seq <= x.seq)"
+        )
+        stored_requests = (
+            ""
+            if self.full
+            else "SELECT x.* EXCLUDE (seq, day) FROM analysis_requests x "
+            f"{current} AND x.engine_id IS NOT NULL UNION ALL BY NAME"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _merged_requests AS "
+            f"{stored_requests} SELECT * EXCLUDE (day) FROM _scope_rollups"
+        )
+        stored_findings = (
+            ""
+            if self.full
+            else f"SELECT x.* EXCLUDE (seq, day) FROM analysis_findings x {current} UNION ALL BY NAME"
+        )
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _merged_findings AS {stored_findings} "
+                    "SELECT * FROM _scope_findings")  # fmt: skip
+        window_keep = (
+            "false"
+            if self.full
+            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_windows AS
+            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
+            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
+            WHERE {window_keep}
+            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
+            """
+        )
+
+    # --- the analysis on the merged state ---------------------------------------------
+
+    @contextmanager
+    def merged_views(self) -> Iterator[None]:
+        """The views ``_analyze`` reads, pointed at the merged state where it holds them."""
+        replacements = {view: f"SELECT {_COLUMNS} FROM _merged_findings WHERE rule = '{view}'"
+                        for view in _STORED_VIEWS}  # fmt: skip
+        replacements.update({
+            "_accounting_totals": _TOTALS,
+            "_request_reads": "SELECT engine_id, request_id, slowest_rank, critical_path_s "
+                              "FROM _merged_requests WHERE has_reads",
+            "handoffs": "SELECT prefill_s FROM _merged_requests WHERE handoff",
+            "_rank_windows": _RANK_WINDOWS,
+        })  # fmt: skip
+        # the views that read only these few columns of the reads read them from the rollups,
+        # each computed once (native_counters reads _named_events twice)
+        con = self.con
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _transfer_pairs AS {_TRANSFER_PAIRS}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _not_ok_transfers AS {_NOT_OK_TRANSFERS}")
+        for view, surrogate in (("_config_pairs", "_transfer_pairs"), ("_named_events", "_not_ok_transfers")):
+            original = _view_sql(con, view)
+            if original and " transfers" in original:
+                body = re.sub(r"\btransfers\b", surrogate, original.split(" AS ", 1)[1].rstrip().rstrip(";"))
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _state{view} AS {body}")
+                replacements[view] = f"SELECT * FROM _state{view}"
+        try:
+            with _views_as(con, replacements):
+                yield
+        finally:
+            for table in (
+                "_transfer_pairs",
+                "_not_ok_transfers",
+                "_state_config_pairs",
+                "_state_named_events",
+            ):
+                con.execute(f"DROP TABLE IF EXISTS {table}")
+
+    # --- the state written -----------------------------------------------------------
+
+    def write(self) -> bool:
+        """Commit this run's state as one batch; False when another writer holds the store, or when
+        there is nothing to add (no new batch, nothing recomputed, the same engine inputs)."""
+        if not self.full and not self.batches and not any(self.counts.values()) and not self.changed:
+            return False
+        try:
+            with self.store.writer_lock():
+                if self._newest_committed_seq() != self.seq - 1:
+                    return False  # another analysis committed state since this one read it
+                self.store.recover()
+                self.store.write_batch(new_batch_id(), self._state_tables(), _empty_sources())
+        except UsageError:
+            return False
+        return True
+
+    def _newest_committed_seq(self) -> int:
+        files = self.store.committed_files("analysis_runs")
+        seqs = [s for f in files for s in self.store.files.read_table(f).column("seq").to_pylist()]
+        return max(seqs, default=0)
+
+    def _state_tables(self) -> dict[str, pa.Table]:
+        con, seq = self.con, self.seq
+        all_batches = self.batches
+        if self.full:
+            all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+        runs = pa.Table.from_pylist([{
+            "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
+            "thresholds": self.thresholds,
+            "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
+            "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
+        }])  # fmt: skip
+        markers = (
+            "SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day FROM _scope_ids s "
+            "LEFT JOIN _scope_days d USING (request_id)"
+        )
+        tables = {
+            "analysis_runs": runs,
+            "analysis_requests": _arrow(
+                con,
+                f"SELECT {seq} AS seq, * FROM _scope_rollups "
+                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers})",
+            ),
+            "analysis_findings": _arrow(
+                con,
+                f"SELECT {seq} AS seq, f.*, d.day FROM _scope_findings f "
+                "LEFT JOIN _scope_days d ON d.request_id = f.request_id",
+            ),
+            "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
+        }
+        return tables
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    got = con.sql(sql).arrow()
+    return got.read_all() if isinstance(got, pa.RecordBatchReader) else got
+
+
+def _empty_sources() -> pa.Table:
+    from hybridtrace.schema import table_schema
+
+    return table_schema("sources").arrow_schema().empty_table()
+
+
+# The scope's rollups, one row per (engine, request) that has reads or a request record
+# (read in the scope-cut views): the sums of _accounting_totals, the critical path of
+# _request_reads and the handoff's prefill time.
+_SCOPE_ROLLUPS = """
+CREATE OR REPLACE TEMP TABLE _scope_rollups AS
+WITH acc AS (
+    SELECT _key(engine_id, request_id) AS k, count(*) AS reads,
+           count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+           count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
+           sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
+           sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
+           sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
+           sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
+           sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL)
+               AS sized_transported_bytes
+    FROM transfer_bytes GROUP BY ALL
+),
+rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
+tx AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k,
+           count(*) FILTER (WHERE status = 'failed') AS failed_reads,
+           count(DISTINCT remote_engine_id) AS remote_count,
+           CASE WHEN count(DISTINCT remote_engine_id) = 1 THEN min(remote_engine_id) END AS remote_engine_id,
+           -- a list only for the few requests that read from several prefill engines
+           CASE WHEN count(DISTINCT remote_engine_id) > 1
+                THEN CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
+                     FILTER (WHERE remote_engine_id IS NOT NULL)) AS VARCHAR) END AS remotes,
+           bool_or(remote_engine_id IS NULL) AS null_remote,
+           CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
+                FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)) AS VARCHAR)
+               AS expired_remotes,
+           coalesce(bool_or(status = 'expired' AND remote_engine_id IS NULL), false) AS expired_null_remote
+    FROM transfers GROUP BY engine_id, request_id
+),
+h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs)
+-- every key with a read is in tx; a handoff has reads too
+SELECT tx.request_id, tx.engine_id, d.day,
+       acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
+       acc.transported_bytes, acc.sized_transported_bytes,
+       rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
+       h.k IS NOT NULL AS handoff, h.prefill_s,
+       tx.failed_reads, tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
+       tx.expired_remotes, tx.expired_null_remote
+FROM tx
+LEFT JOIN acc USING (k)
+LEFT JOIN rr USING (k)
+LEFT JOIN h USING (k)
+LEFT JOIN _scope_days d ON d.request_id = tx.request_id
+"""
+
+# Each scope request id's day (its earliest record): the partition its state rows go to.
+_SCOPE_DAYS = """
+CREATE OR REPLACE TEMP TABLE _scope_days AS
+SELECT request_id, min(day) AS day FROM (
+    SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM request_records
+    UNION ALL SELECT request_id, day FROM log_events
+) WHERE request_id IN (SELECT request_id FROM _scope_ids) GROUP BY request_id
+"""
+
+# The per-rank medians of the windows new reads fall into, from every read of those windows
+# (the HAVING of _rank_windows is applied when they are read: a window only gains reads).
+_SCOPE_WINDOWS = """
+CREATE OR REPLACE TEMP TABLE _scope_window_rows AS
+SELECT t.engine_id, t.rank, floor(t.ts / _t('window_s')) AS window_index, count(*) AS reads,
+       median(t.transported_bytes / t.xfer_s) / 1e9 AS median_gb_s, min(t.day) AS day
+FROM transfers t
+SEMI JOIN _scope_windows w ON w.engine_id = t.engine_id AND w.window_index = floor(t.ts / _t('window_s'))
+WHERE t.status = 'ok' AND t.xfer_s > 0
+  -- the windows' span (a window wider on each side: floor(ts / window_s) rounds), so that
+  -- files and row groups of other times are skipped unread
+  AND t.ts >= (SELECT (min(window_index) - 1) * _t('window_s') FROM _scope_windows)
+  AND t.ts < (SELECT (max(window_index) + 2) * _t('window_s') FROM _scope_windows)
+GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
+"""
+
+_TOTALS = """
+SELECT coalesce(sum(reads), 0) AS reads, coalesce(sum(reads_ok), 0) AS reads_ok,
+       coalesce(sum(reads_sized), 0) AS reads_sized,
+       sum(logical_bytes) AS logical_bytes, sum(expected_bytes) AS expected_bytes,
+       sum(reserved_bytes) AS reserved_bytes, sum(transported_bytes) AS transported_bytes,
+       sum(sized_transported_bytes) AS sized_transported_bytes
+FROM _merged_requests WHERE reads IS NOT NULL
+"""
+
+# What _config_pairs and _named_events read of the reads, from the rollups: each request's
+# prefill engines, and its failed and expired reads (one row per failed read, one per
+# prefill engine of its expired ones: what those views count).
+_TRANSFER_PAIRS = """
+SELECT DISTINCT engine_id, remote_engine_id FROM _merged_requests WHERE remote_count = 1
+UNION ALL
+SELECT engine_id, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) AS remote_engine_id
+FROM _merged_requests WHERE remote_count > 1
+UNION ALL SELECT engine_id, CAST(NULL AS VARCHAR) FROM _merged_requests WHERE null_remote
+"""
+_NOT_OK_TRANSFERS = """
+SELECT engine_id, request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, 'failed' AS status
+FROM (SELECT * FROM _merged_requests WHERE failed_reads > 0), range(failed_reads)
+UNION ALL
+SELECT engine_id, request_id, unnest(CAST(json_extract_string(expired_remotes, '$[*]') AS VARCHAR[])),
+       'expired'
+FROM _merged_requests WHERE expired_remotes IS NOT NULL
+UNION ALL
+SELECT engine_id, request_id, CAST(NULL AS VARCHAR), 'expired' FROM _merged_requests WHERE expired_null_remote
+"""
+
+_RANK_WINDOWS = """
+WITH per_rank AS (
+    SELECT engine_id, rank, window_index AS "window", reads, median_gb_s FROM _merged_windows
+    WHERE reads >= _t('slow_rank_min_reads')
+)
+SELECT a.*, (SELECT median(b.median_gb_s) FROM per_rank b
+             WHERE b.engine_id = a.engine_id AND b."window" = a."window" AND b.rank <> a.rank)
+           AS peer_median_gb_s
+FROM per_rank a
+"""
+
+
+@contextmanager
+def incremental_views(
+    con: duckdb.DuckDBPyConnection, store: Store, *, full: bool
+) -> Iterator[IncrementalRun]:
+    """Plan, compute and commit an incremental run; inside, the views read the merged state."""
+    run = IncrementalRun(con, store, full=full)
+    run.plan()
+    run.compute()
+    written = run.write()
+    with run.merged_views():
+        yield run
+    run.counts["written"] = int(written)

@@ -1,0 +1,218 @@
+"""Incremental analysis: after every step of ingest, analyze, ingest more, compact, a killed
+run, other thresholds, the incremental result equals a full analysis of the same store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hybridtrace.analyze import analyze
+from hybridtrace.analyze.incremental import STORED_RULES
+from hybridtrace.cli import app
+from hybridtrace.ingest.run import ingest
+from hybridtrace.schema import table_schema
+from hybridtrace.simulate import SimOptions, parse_inject, simulate
+from hybridtrace.store import Store
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    simulate(SimOptions(seed=5, requests=600, inject=parse_inject("all")), str(out))
+    return out
+
+
+class Growing:
+    """An input folder that receives a simulated bundle piece by piece, as a job's bucket does."""
+
+    def __init__(self, bundle: Path, root: Path) -> None:
+        self.bundle, self.input, self.store = bundle, root / "in", root / "store"
+        (self.input / "decode-0").mkdir(parents=True)
+        shutil.copytree(bundle / "prefill-0", self.input / "prefill-0")
+        self.trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines(keepends=True)
+        self.log = (bundle / "decode-0" / "vllm.log").read_text().splitlines(keepends=True)
+
+    def grow(self, trace_share: float, log_share: float) -> None:
+        """The decode trace and log as far as ``share`` of their lines (whole lines: both only grow)."""
+        (self.input / "decode-0" / "trace.jsonl").write_text(
+            "".join(self.trace[: int(len(self.trace) * trace_share)])
+        )
+        (self.input / "decode-0" / "vllm.log").write_text("".join(self.log[: int(len(self.log) * log_share)]))
+
+    def add(self, *names: str) -> None:
+        for name in names:
+            for path in self.bundle.glob(name):
+                target = self.input / path.relative_to(self.bundle)
+                if path.is_dir():
+                    shutil.copytree(path, target)
+                else:
+                    shutil.copy(path, target)
+
+    def ingest(self) -> None:
+        ingest([str(self.input)], str(self.store), progress=False)
+
+
+def _as_text(result) -> str:
+    return json.dumps(result.as_dict(), sort_keys=True, default=str)
+
+
+def _check(store: Path, *, config: str | None = None, full: bool = False) -> dict:
+    """Analyze incrementally, then in full on a fresh connection: the two must be equal. Returns
+    the run the incremental analysis recorded."""
+    incremental = analyze(Store(store).connect(), config=config, incremental=True, full=full)
+    whole = analyze(Store(store).connect(), config=config)
+    assert _as_text(incremental) == _as_text(whole)
+    assert len(whole) > 0
+    return _last_run(store)
+
+
+def _last_run(store: Path) -> dict:
+    con = Store(store).connect(with_queries=False)
+    rows = con.sql("SELECT * FROM analysis_runs ORDER BY seq DESC LIMIT 1").fetchall()
+    names = [c[0] for c in con.sql("SELECT * FROM analysis_runs").description]
+    return dict(zip(names, rows[0], strict=True)) if rows else {}
+
+
+def _findings_of(store: Path, kind: str) -> int:
+    return analyze(Store(store).connect()).summary["findings_by_kind"][kind]
+
+
+def _requests(store: Path) -> int:
+    return (
+        Store(store)
+        .connect(with_queries=False)
+        .sql("SELECT count(DISTINCT request_id) FROM requests")
+        .fetchall()[0][0]
+    )
+
+
+def test_incremental_equals_full_after_every_step(bundle, tmp_path, monkeypatch):
+    job = Growing(bundle, tmp_path)
+    # 1. part of the trace, no model config yet: the decode engine is not sized
+    job.grow(0.3, 0.4)
+    job.ingest()
+    first = _check(job.store)
+    assert first["full_run"] and first["seq"] == 1  # no state yet: everything
+    # 2. nothing new: nothing recomputed, nothing written
+    assert _check(job.store)["seq"] == 1
+    # 3. the model config arrives: the engines it sizes change, and their requests are redone
+    job.add("models")
+    job.grow(0.35, 0.4)
+    job.ingest()
+    sized = _check(job.store)
+    assert not sized["full_run"] and sized["seq"] == 2
+    # 4. a few more lines of the trace: only the requests they name are recomputed
+    job.grow(0.4, 0.4)
+    job.ingest()
+    small = _check(job.store)
+    assert not small["full_run"] and 0 < small["requests"] < _requests(job.store) / 2
+    assert small["windows"] > 0
+    # 4b. the decode engine turns out to stage through host memory (a log line says so): every
+    # request it served becomes a staging_copy, those of earlier batches too
+    before = _findings_of(job.store, "staging_copy")
+    (job.input / "decode-0" / "host.log").write_text(
+        "(Worker_TP0 pid=300) INFO 04-21 10:05:00 [worker.py:640] Registering KV_Caches. use_mla: False, "
+        "kv_buffer_device: cpu, use_host_buffer: True\n"
+    )
+    job.ingest()
+    staged = _check(job.store)
+    assert _findings_of(job.store, "staging_copy") > before + 100
+    assert staged["requests"] >= _requests(job.store)
+    # 5. an ingest killed before its commit: invisible, and the next analysis equals a full one
+    original = Store.write_batch
+
+    def killed(self, batch_id, tables, sources):
+        for name, table in tables.items():
+            if table.num_rows:
+                self._write_table(batch_id, table_schema(name), table)
+        raise KeyboardInterrupt("killed before the commit")
+
+    job.grow(0.7, 1.0)
+    monkeypatch.setattr(Store, "write_batch", killed)
+    with pytest.raises(KeyboardInterrupt):
+        job.ingest()
+    monkeypatch.setattr(Store, "write_batch", original)
+    assert _check(job.store)["seq"] == 4  # what the killed ingest wrote is not there: nothing new
+    # 6. an analysis killed before its state committed leaves the state as it was
+    job.ingest()
+    monkeypatch.setattr(Store, "write_batch", killed)
+    with pytest.raises(KeyboardInterrupt):
+        analyze(Store(job.store).connect(), incremental=True)
+    monkeypatch.setattr(Store, "write_batch", original)
+    assert _last_run(job.store)["seq"] == 4
+    assert _check(job.store)["seq"] == 5
+    # 7. the rest, metrics and the rotated logs; then a compaction merges data and state files
+    job.add("decode-0/metrics-*", "decode-0/vllm.log.1.gz", "prefill-0/*")
+    job.grow(1.0, 1.0)
+    job.ingest()
+    assert _check(job.store)["seq"] == 6
+    assert Store(job.store).compact(min_batches=2) >= 2
+    assert _check(job.store)["seq"] == 6  # the state came through the compaction: nothing to redo
+    # 8. other thresholds: everything again
+    config = tmp_path / "hybridtrace.toml"
+    config.write_text("[thresholds]\nslow_rank_ratio = 0.9\nwindow_s = 5\n")
+    changed = _check(job.store, config=str(config))
+    assert changed["full_run"] and changed["seq"] == 7
+    back = _check(job.store)
+    assert back["full_run"] and back["seq"] == 8
+
+
+def test_every_request_rule_is_stored_and_the_others_recomputed():
+    from hybridtrace.analyze.incremental import RECOMPUTED_RULES
+    from hybridtrace.analyze.rules import RULES
+
+    stored = {r.name for r in STORED_RULES}
+    assert stored | set(RECOMPUTED_RULES) == {r.name for r in RULES}
+    assert not stored & set(RECOMPUTED_RULES)
+    assert all(r.scope.startswith("request") and not r.after_others for r in STORED_RULES)
+    assert set(RECOMPUTED_RULES) == {"slow_rank", "config_mismatch", "native_padding", "native_unexplained",
+                                     "native_counters", "output_mismatch"}  # fmt: skip
+
+
+def test_state_tables_are_partitioned_like_the_data():
+    for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows"):
+        assert table_schema(name).partition == ("day", "engine_id")
+
+
+def test_cli_full_flag_recomputes_everything(bundle, tmp_path):
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 0.5)
+    job.ingest()
+    runner = CliRunner()
+    first = runner.invoke(app, ["analyze", "--store", str(job.store), "--format", "json"])
+    assert first.exit_code in (0, 1), first.output
+    again = runner.invoke(app, ["analyze", "--store", str(job.store), "--format", "json", "--full"])
+    assert again.exit_code == first.exit_code
+    assert json.loads(again.output) == json.loads(first.output)
+    runs = (
+        Store(job.store)
+        .connect(with_queries=False)
+        .sql("SELECT seq, full_run FROM analysis_runs ORDER BY seq")
+        .fetchall()
+    )
+    assert runs == [(1, True), (2, True)]
+    # the state rows sit in (day, engine) partitions, like the tables they summarise
+    folders = {p.parent.relative_to(job.store).as_posix().split("/")[0:3][1:] == [] for p in
+               (job.store / "analysis_findings").rglob("*.parquet")}  # fmt: skip
+    assert folders == {False}
+    assert all(p.parent.name.startswith("engine_id=") and p.parent.parent.name.startswith("day=")
+               for p in (job.store / "analysis_requests").rglob("*.parquet"))  # fmt: skip
+
+
+def test_state_of_another_layout_is_recomputed_in_full(bundle, tmp_path, monkeypatch):
+    from hybridtrace.analyze import incremental
+
+    job = Growing(bundle, tmp_path)
+    job.grow(0.2, 0.2)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    job.grow(0.25, 0.2)
+    job.ingest()
+    monkeypatch.setattr(incremental, "STATE_VERSION", incremental.STATE_VERSION + 1)
+    later = _check(job.store)
+    assert later["full_run"] and later["state_version"] == incremental.STATE_VERSION
