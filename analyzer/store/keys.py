@@ -109,12 +109,18 @@ def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
     if not schema.key or data.num_rows == 0:
         return data, 0
     key = list(schema.key)
+    # A cheap hash of the key columns first: most batches have no duplicate at all, and then
+    # the batch is kept as it is, without a copy of its other columns.
+    keys = pl.from_arrow(data.select(key), rechunk=False)
+    assert isinstance(keys, pl.DataFrame)
+    repeated = keys.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item()
+    existing = existing_keys(store, table, data)
+    if not repeated and (existing is None or existing.num_rows == 0):
+        return data, 0
     frame = pl.from_arrow(data)
     assert isinstance(frame, pl.DataFrame)
-    # A cheap hash first: most batches have no duplicate at all.
-    if frame.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item():
+    if repeated:
         frame = frame.unique(subset=key, keep="first", maintain_order=True)
-    existing = existing_keys(store, table, data)
     if existing is not None and existing.num_rows:
         old = pl.from_arrow(existing)
         assert isinstance(old, pl.DataFrame)
