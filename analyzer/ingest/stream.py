@@ -111,18 +111,29 @@ NO_LINES = Lines(b"", 0)
 
 def _seekable_line_chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[tuple[Lines, int, bytes]]:
     """As line_chunks, for a plain file: seek back over the partial last line instead of
-    carrying it, which saves a copy of every chunk."""
+    carrying it, which saves a copy of every chunk.
+
+    After a first full chunk, the file is read into one buffer kept for the object: each
+    chunk's lines are then the one copy made of it, where a fresh read and its cut would be
+    two, each a new mapping of fresh memory the system must fault in.
+    """
+    data: bytes | bytearray = handle.read(chunk_bytes)
+    size = len(data)  # of what the last read put in ``data``
+    buffer: bytearray | None = None
     while True:
-        data = handle.read(chunk_bytes)
-        if not data:
+        if not size:
             yield Lines(b"", 0), 0, b""
             return
-        cut = data.rfind(b"\n")
-        if cut < 0 or len(data) < chunk_bytes:
+        cut = data.rfind(b"\n", 0, size)
+        if cut < 0 or size < chunk_bytes:
             break  # one long line, or the end of the file: finish the simple way
-        handle.seek(cut + 1 - len(data), os.SEEK_CUR)
-        yield Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, b""
-    pending = data
+        handle.seek(cut + 1 - size, os.SEEK_CUR)
+        yield Lines(bytes(memoryview(data)[:cut]), data.count(b"\n", 0, cut) + 1), cut + 1, b""
+        if buffer is None:
+            buffer = bytearray(chunk_bytes)  # a large file: worth its buffer
+        data = buffer
+        size = handle.readinto(buffer) or 0
+    pending = bytes(memoryview(data)[:size])
     while True:
         cut = pending.rfind(b"\n")
         if cut >= 0:

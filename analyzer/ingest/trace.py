@@ -164,7 +164,26 @@ def _polars_schema() -> dict[str, pl.DataType]:
     return schema
 
 
-_SCHEMA = None
+_SCHEMA: dict[str, pl.DataType] | None = None
+_TYPE_SCHEMAS: dict[frozenset[str], dict[str, pl.DataType]] = {}
+
+
+def _schema_for(types: frozenset[str] | None) -> dict[str, pl.DataType]:
+    """The reader's schema for records of ``types`` (None: every type).
+
+    The reader's time grows with the columns it builds, and a trace's chunks mostly hold
+    the same few record types; fields of other types are not read (the careful path
+    ignores them on a record of another type too).
+    """
+    global _SCHEMA
+    if _SCHEMA is None:
+        _SCHEMA = _polars_schema()
+    if types is None:
+        return _SCHEMA
+    if types not in _TYPE_SCHEMAS:
+        names = {"type", "v"} | {f.name for t in types for f in RECORD_TYPES[t].fields}
+        _TYPE_SCHEMAS[types] = {name: dtype for name, dtype in _SCHEMA.items() if name in names}
+    return _TYPE_SCHEMAS[types]
 
 
 def _empty_tables() -> dict[str, pa.Table]:
@@ -186,51 +205,108 @@ def _has_long_line(block: bytes, limit: int = LINE_LIMIT) -> bool:
     return False
 
 
-def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> dict[str, pa.Table] | None:
-    """Rows per table when every line of ``block`` is a clean record, else None."""
-    global _SCHEMA
-    if _SCHEMA is None:
-        _SCHEMA = _polars_schema()
-    if len(block) > LINE_LIMIT and _has_long_line(block):
-        return None  # a line too long to be a record: the careful path rejects it
-    try:
-        frame = pl.read_ndjson(block, schema=_SCHEMA)
-    except Exception:
-        return None
-    if frame.height != n_lines:
-        return None  # blank lines: line numbers would not follow rows
-    checks = [(pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))]
-    # The reader turns an object, a list or a boolean into text for a string field: a wrong
-    # type. A text that reads like one goes to the careful path, which tells them apart.
-    for name, dtype in _SCHEMA.items():
+def _checks(frame: pl.DataFrame, counts: dict[str | None, int]) -> list[pl.Expr]:
+    """One boolean aggregate per check the careful path makes, on the columns that hold values.
+
+    A column with no value passes every check but "required" (a missing value passes the
+    others), so only the columns and record types the chunk has are checked: the cost
+    follows what the chunk holds, not how many fields the format has. Each check fills
+    its undecidable rows with false before ``all()``, which would skip them.
+    """
+    height = frame.height
+    filled = {name for name in frame.columns if frame[name].null_count() < height}
+    checks = [((pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))).fill_null(False)]
+    for name in filled:
+        dtype = frame.schema[name]
         if dtype == pl.Float64:
             # polars refuses NaN, Infinity and 1e999 today, so this never fails; should a later
             # reader take them, they still go to the careful path, which rejects them
             checks.append(pl.col(name).is_finite().fill_null(True))
-        if dtype == pl.String:
+        elif dtype == pl.String:
+            # The reader turns an object, a list or a boolean into text for a string field: a
+            # wrong type. A text that reads like one goes to the careful path, which tells them apart.
             text = pl.col(name).str
             boolean = pl.col(name).is_in(["true", "false"])
             looks_wrong = text.starts_with("{") | text.starts_with("[") | boolean
             checks.append(~looks_wrong.fill_null(False))
     for rtype in RECORD_TYPES.values():
-        of_type = pl.col("type") == rtype.name
+        present = counts.get(rtype.name, 0)
+        if not present:
+            continue  # no record of this type: every check on it holds
+        # a chunk of one record type (the usual case) needs no test of each row's type
+        of_type = pl.lit(True) if present == height else pl.col("type") == rtype.name
         for f in rtype.fields:
             if f.required:
-                checks.append(~of_type | pl.col(f.name).is_not_null())
+                if f.name not in filled:
+                    return [pl.lit(False)]  # a required field no record of the type has
+                checks.append((~of_type | pl.col(f.name).is_not_null()).fill_null(False))
         for f in rtype.enums:
-            checks.append(~of_type | pl.col(f.name).is_in(list(f.enum or ())) | pl.col(f.name).is_null())
+            if f.name in filled:
+                allowed = pl.col(f.name).is_in(list(f.enum or ())) | pl.col(f.name).is_null()
+                checks.append((~of_type | allowed).fill_null(False))
         for f in rtype.ranged:
-            checks.append(~of_type | _range_polars(f).fill_null(False))
-    # A check that cannot be decided (a line without "v" or "type") fails: all() would skip it,
-    # and the line would be neither read nor a reject.
-    if not frame.select(pl.all_horizontal(checks).fill_null(False).all()).item():
-        return None
+            if f.name in filled:
+                checks.append((~of_type | _range_polars(f).fill_null(False)).fill_null(False))
+    return checks
+
+
+def fast_parse(block: bytes, first_line: int, n_lines: int, source_id: str) -> dict[str, pa.Table] | None:
+    """Rows per table when every line of ``block`` is a clean record, else None."""
+    return FastReader().parse(block, first_line, n_lines, source_id)
+
+
+class FastReader:
+    """The fast path over the chunks of one object.
+
+    It reads each chunk with the fields of the record types the chunk before it held, and
+    again with every field when the chunk holds another type, so its rows never depend on
+    the guess.
+    """
+
+    def __init__(self) -> None:
+        self.types: frozenset[str] | None = None  # the record types of the last clean chunk
+
+    def parse(
+        self, block: bytes, first_line: int, n_lines: int, source_id: str
+    ) -> dict[str, pa.Table] | None:
+        """Rows per table when every line of ``block`` is a clean record, else None."""
+        if len(block) > LINE_LIMIT and _has_long_line(block):
+            return None  # a line too long to be a record: the careful path rejects it
+        frame = self._read(block, self.types)
+        if frame is None:
+            return None
+        counts: dict[str | None, int] = dict(frame["type"].value_counts().iter_rows())
+        if self.types is not None and not set(counts) <= self.types:
+            # a type the guess left out: read every field (the type column, and so the
+            # counts, are the same whatever the schema)
+            frame = self._read(block, None)
+            if frame is None:
+                return None
+        known = frozenset(t for t in counts if t in RECORD_TYPES)
+        if frame.height != n_lines:
+            return None  # blank lines: line numbers would not follow rows
+        checks = _checks(frame, counts)
+        if not all(frame.select([c.all().alias(f"c{i}") for i, c in enumerate(checks)]).row(0)):
+            return None
+        self.types = known
+        return _tables(frame, counts, first_line, source_id)
+
+    @staticmethod
+    def _read(block: bytes, types: frozenset[str] | None) -> pl.DataFrame | None:
+        try:
+            return pl.read_ndjson(block, schema=_schema_for(types))
+        except Exception:
+            return None
+
+
+def _tables(frame: pl.DataFrame, counts: dict[str | None, int], first_line: int,
+            source_id: str) -> dict[str, pa.Table]:  # fmt: skip
+    """Rows per table of a chunk whose every record passed its checks."""
     frame = frame.with_columns(
         pl.int_range(first_line, first_line + frame.height, dtype=pl.Int64).alias("line_number")
     )
     tables = _empty_tables()
     events: list[pa.Table] = []
-    counts = dict(frame["type"].value_counts().iter_rows())
     for rtype in RECORD_TYPES.values():
         if not counts.get(rtype.name):
             continue

@@ -73,6 +73,9 @@ class Store:
         self._lease_check = None  # set while a bucket writer holds its lease
         # local stores keep a Path for callers that want one
         self.root = Path(root) if not self.is_bucket else None
+        # (lowest, highest, any null) of the key's range column of each data file this object
+        # wrote: a later batch's dedupe skips the files it cannot collide with (keys.py)
+        self.key_ranges: dict[str, tuple[object, object, bool]] = {}
 
     def __str__(self) -> str:
         return self.files.display
@@ -291,9 +294,13 @@ class Store:
         self.files.write_parquet(schema.conform(sources), f"sources/part-{batch_id}.parquet")
 
     def _write_table(self, batch_id: str, schema: TableSchema, data: pa.Table) -> None:
+        from hybridtrace.store.keys import note_written
+
         data = schema.conform(data)
         for n, (directory, part) in enumerate(partitions(schema, data)):
-            self.files.write_parquet(part, f"{directory}/part-{batch_id}-{n}.parquet")
+            rel = f"{directory}/part-{batch_id}-{n}.parquet"
+            self.files.write_parquet(part, rel)
+            note_written(self, rel, schema, part)
 
     # --- reading ----------------------------------------------------------------------
 

@@ -12,32 +12,74 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.schema import table_schema
+from hybridtrace.schema import TableSchema, table_schema
 from hybridtrace.store.commit import partitions
 
 if TYPE_CHECKING:
     from hybridtrace.store.commit import Store
 
 
+# A key's column that orders its rows in time (or in the object): duplicates share its value,
+# so only stored rows within a batch's range of it can collide with the batch.
+RANGE_COLUMNS = ("ts", "end_ts", "line_number")
+
+
+def range_column(schema: TableSchema) -> str | None:
+    return next((c for c in RANGE_COLUMNS if c in schema.key), None)
+
+
+def key_range(data: pa.Table, column: str) -> tuple[object, object, bool]:
+    """(lowest, highest, any null) of ``column`` in ``data``; both bounds None when all are null."""
+    bounds = pc.min_max(data[column]).as_py()
+    return bounds["min"], bounds["max"], data[column].null_count > 0
+
+
+def note_written(store: Store, rel: str, schema: TableSchema, data: pa.Table) -> None:
+    """Remember the key range of a data file the store writes, for later batches of the run.
+
+    A data file never changes once written (its name holds its batch id), so the range stays
+    true for as long as the file exists.
+    """
+    column = range_column(schema)
+    if column is not None and schema.key:
+        store.key_ranges[rel] = key_range(data, column)
+
+
+def _may_overlap(store: Store, rel: str, batch: tuple[object, object, bool]) -> bool:
+    """Whether file ``rel`` can hold a row within the batch's key range (True when unknown)."""
+    known = store.key_ranges.get(rel)
+    if known is None:
+        return True  # written by another process: its rows are filtered by the scan instead
+    low, high, nulls = known
+    if batch[2] and nulls:
+        return True  # NULL keys compare equal
+    return low is not None and low <= batch[1] and high >= batch[0]
+
+
 def existing_keys(store: Store, table: str, data: pa.Table) -> pa.Table | None:
     """Key columns the store already holds that could collide with ``data``'s keys.
 
     Only files in ``data``'s partitions are read, and only rows within its range of
-    the key's time (or line) column, so the cost follows the batch, not the store.
+    the key's time (or line) column, so the cost follows the batch, not the store. A file
+    this store wrote in this process whose range the batch's cannot overlap is not opened:
+    a trace read in order gives each batch later times than every file before it.
     """
     schema = table_schema(table)
+    if not schema.key:
+        return None
     directories = {d + "/" for d, _ in partitions(schema, data)}
     files = [f for f in store.committed_files(table) if any(f.startswith(d) for d in directories)]
-    if not files or not schema.key:
-        return None
     where = ""
-    ranged = next((c for c in ("ts", "end_ts", "line_number") if c in schema.key), None)
+    ranged = range_column(schema)
     if ranged is not None:
-        low, high = pc.min(data[ranged]).as_py(), pc.max(data[ranged]).as_py()
+        low, high, nulls = key_range(data, ranged)
         if low is not None:
+            files = [f for f in files if _may_overlap(store, f, (low, high, nulls))]
             where = f" WHERE {ranged} BETWEEN {low!r} AND {high!r}"
-            if pc.any(pc.is_null(data[ranged])).as_py():
+            if nulls:
                 where += f" OR {ranged} IS NULL"
+    if not files:
+        return None
     import duckdb
 
     con = duckdb.connect(":memory:")
@@ -67,12 +109,18 @@ def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
     if not schema.key or data.num_rows == 0:
         return data, 0
     key = list(schema.key)
+    # A cheap hash of the key columns first: most batches have no duplicate at all, and then
+    # the batch is kept as it is, without a copy of its other columns.
+    keys = pl.from_arrow(data.select(key), rechunk=False)
+    assert isinstance(keys, pl.DataFrame)
+    repeated = keys.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item()
+    existing = existing_keys(store, table, data)
+    if not repeated and (existing is None or existing.num_rows == 0):
+        return data, 0
     frame = pl.from_arrow(data)
     assert isinstance(frame, pl.DataFrame)
-    # A cheap hash first: most batches have no duplicate at all.
-    if frame.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item():
+    if repeated:
         frame = frame.unique(subset=key, keep="first", maintain_order=True)
-    existing = existing_keys(store, table, data)
     if existing is not None and existing.num_rows:
         old = pl.from_arrow(existing)
         assert isinstance(old, pl.DataFrame)

@@ -39,16 +39,19 @@ def _is_json(data: bytes) -> bool:
 class _TraceParser(Parser):
     def __init__(self, context: ObjectContext) -> None:
         self.context = context
+        self.fast = None  # the object's fast reader, made when the first chunk is parsed
 
     def feed(self, chunk: Chunk) -> Parsed:
-        from hybridtrace.ingest.trace import fast_parse, parse_trace
+        from hybridtrace.ingest.trace import FastReader, parse_trace
 
+        if self.fast is None:
+            self.fast = FastReader()
         parsed = Parsed()
         lines = chunk.lines
         if lines and chunk.first_line == 1 and lines.block.startswith(_BOM):
             lines = Lines(lines.block[len(_BOM) :], len(lines))
         if lines:
-            tables = fast_parse(lines.block, chunk.first_line, len(lines), chunk.source_id)
+            tables = self.fast.parse(lines.block, chunk.first_line, len(lines), chunk.source_id)
             if tables is None:  # some line is not clean: the careful path says which
                 tables, rejects = parse_trace(self.context.connect(), lines.split(), chunk.first_line,
                                               chunk.source_id)  # fmt: skip
