@@ -170,8 +170,10 @@ def test_every_request_rule_is_stored_and_the_others_recomputed():
     assert not stored & set(RECOMPUTED_RULES)
     assert all(r.scope.startswith("request") and not r.after_others for r in STORED_RULES)
     # (reported_bytes_excess reads other engines' send rows, not decode handoffs: few, recomputed)
-    assert set(RECOMPUTED_RULES) == {"slow_rank", "config_mismatch", "native_padding", "native_unexplained",
-                                     "native_counters", "output_mismatch", "reported_bytes_excess"}  # fmt: skip
+    assert set(RECOMPUTED_RULES) == {
+        "slow_rank", "config_mismatch", "native_padding", "native_unexplained", "native_counters",
+        "output_mismatch", "reported_bytes_excess",
+    }  # fmt: skip
 
 
 def test_state_tables_are_partitioned_like_the_data():
