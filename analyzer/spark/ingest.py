@@ -8,7 +8,9 @@ so the commit protocol, the dedupe against the store and the manifest are a loca
 
 What differs from a local ingest of the same inputs, by nature of a run:
 - ``sources.batch_id``, ``sources.ingested_at`` and ``rejects.ingested_at`` (and the
-  ``ingested_at`` of ``models`` rows) — a local re-run differs in them too;
+  ``ingested_at`` of ``models`` and ``agent_map`` rows, a ring's ``read_at``), and the
+  ``source_id`` of a manifest row noting an object gone (made of that time) — a local
+  re-run differs in them too;
 - an object large enough to be cut into slices (more than ``HYBRIDTRACE_BATCH_ROWS`` rows)
   is cut where its own rows fill a batch, not where the run's shared batch does: its
   manifest rows split at other lines, while the table rows are the same.

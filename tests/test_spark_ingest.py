@@ -1,0 +1,205 @@
+"""The Spark tier: ``ingest --engine spark`` on ``local[2]`` gives the store a local ingest gives.
+
+A simulated bundle (with rejects, a refused config, an empty file and a grown trace added)
+and a simulated S3 bucket (moto on loopback) are ingested by both engines, each history
+step by step; every table's committed rows are compared row for row, with only the
+columns a run stamps by nature left out (``PER_RUN``). One SparkSession serves the
+module: Spark takes 10–20 s to start here.
+
+Needs the spark extra and Java 17 (``pip install ".[test,spark]"``). Without PySpark the
+tier skips; CI sets ``HYBRIDTRACE_REQUIRE_SPARK=1``, which turns a missing package into a
+failure instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import servers
+from test_buckets import changes, initial_objects
+from tracegen import transfer_records
+from typer.testing import CliRunner
+
+from hybridtrace.cli import app
+from hybridtrace.errors import UsageError
+from hybridtrace.ingest.batch import DATA_TABLES
+from hybridtrace.ingest.run import ingest
+from hybridtrace.simulate import SimOptions, simulate
+from hybridtrace.store import Store
+
+REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SPARK") == "1"
+
+# Stamped by each run, so two local runs differ in them too: the batch a row was committed
+# in and the time it was read (a ring's ``read_at`` is its read time as well), and the id of
+# a manifest row that notes an object gone (made of that time, so an object can go twice).
+PER_RUN = {"batch_id", "ingested_at", "read_at"}
+TABLES = (*DATA_TABLES, "agent_map", "nixlbench_points", "sources")
+# A summary's timings and what the commit measured of the store say nothing about the engine.
+SUMMARY_PER_RUN = {"seconds", "mb_per_s"}
+
+
+def _have_spark() -> bool:
+    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """The loopback S3 server, started before Spark so its executors' environment has it."""
+    if not REQUIRE:
+        pytest.importorskip("moto.server")
+        if not _have_spark():
+            pytest.skip("the spark tier needs PySpark and Java (pip install '.[spark]')")
+    with servers.moto_s3() as srv, pytest.MonkeyPatch.context() as patch:
+        for name, value in srv.env.items():
+            patch.setenv(name, value)
+        srv.make_bucket("telemetry")
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def spark(s3):
+    from hybridtrace.spark.session import open_session, spark_options
+
+    session = open_session(spark_options(master="local[2]", conf={"spark.sql.shuffle.partitions": 2}))
+    yield session
+    session.stop()
+
+
+def _reader(spark):
+    from hybridtrace.spark.ingest import SparkReader
+
+    return SparkReader(session=spark)
+
+
+def committed(root: Path) -> dict[str, list[tuple]]:
+    """Every table's committed rows with their partition folder, per-run columns left out, sorted."""
+    store = Store(root)
+    out = {}
+    for table in TABLES:
+        parts = []
+        for rel in store.committed_files(table):
+            data = pq.read_table(root / rel)
+            parts.append(data.append_column("partition", pa.array([rel.rsplit("/", 1)[0]] * data.num_rows)))
+        if not parts:
+            out[table] = []
+            continue
+        data = pa.concat_tables(parts, promote_options="default")
+        data = data.drop_columns([c for c in data.column_names if c in PER_RUN])
+        names = sorted(data.column_names)
+        rows = data.to_pylist()
+        for row in rows:
+            if table == "sources" and row["status"] == "deleted":
+                row["source_id"] = None  # a gone row's id is made of its run's time (see PER_RUN)
+        out[table] = sorted(tuple(json.dumps(row[c], default=str) for c in names) for row in rows)
+    return out
+
+
+def _summary(summary) -> dict:
+    return {k: v for k, v in summary.as_dict().items() if k not in SUMMARY_PER_RUN}
+
+
+def _bundle(root: Path) -> Path:
+    bundle = root / "bundle"
+    simulate(SimOptions(seed=7, duration_s=20, requests=60), bundle)
+    trace = next(bundle.rglob("trace.jsonl"))
+    with trace.open("a") as handle:
+        handle.write('{"record_type": "transfer", "broken\n')  # a reject
+    (bundle / "extra").mkdir()
+    (bundle / "extra" / "empty.log").write_bytes(b"")
+    bad = bundle / "models" / "broken" / "config.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"architectures": ["NemotronHForCausalLM"], "num_hidden_layers": ')  # refused
+    return bundle
+
+
+@pytest.mark.spark
+def test_bundle_spark_equals_local(spark, tmp_path):
+    bundle = _bundle(tmp_path)
+    reader = _reader(spark)
+    local = ingest([bundle], tmp_path / "local")
+    on_spark = ingest([bundle], tmp_path / "spark", read_objects=reader)
+    assert local.rejects > 0 and local.errors == 1 and local.rows["transfers"] > 0
+    assert reader.tasks == local.objects_read  # every object was read on an executor
+    assert _summary(on_spark) == _summary(local)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+    # grown: both read on from where they stopped, and agree again
+    trace = next(bundle.rglob("trace.jsonl"))
+    with trace.open("a") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in transfer_records(5, seed=99))
+    local = ingest([bundle], tmp_path / "local")
+    on_spark = ingest([bundle], tmp_path / "spark", read_objects=reader)
+    assert local.objects_read >= 1 and _summary(on_spark) == _summary(local)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+    # unchanged: nothing is handed to Spark at all
+    tasks = reader.tasks
+    again = ingest([bundle], tmp_path / "spark", read_objects=reader)
+    assert (again.objects_read, again.rows, reader.tasks) == (0, {}, tasks)
+
+
+@pytest.mark.spark
+def test_bucket_spark_equals_local(spark, s3, tmp_path):
+    prefix = s3.uri("telemetry/logs")
+    first = initial_objects()
+    for name, data in first.items():
+        s3.put(f"telemetry/logs/{name}", data)
+    reader = _reader(spark)
+    local = ingest([prefix], tmp_path / "local")
+    on_spark = ingest([prefix], tmp_path / "spark", read_objects=reader)
+    assert local.objects_read == len(first) and local.rows["transfers"] > 0
+    assert _summary(on_spark) == _summary(local)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+    put, deleted = changes()  # new objects, a grown log, a deleted scrape
+    for name, data in put.items():
+        s3.put(f"telemetry/logs/{name}", data)
+    for name in deleted:
+        s3.delete(f"telemetry/logs/{name}")
+    local = ingest([prefix], tmp_path / "local")
+    on_spark = ingest([prefix], tmp_path / "spark", read_objects=reader)
+    assert local.objects_read == len(put) and local.objects_gone == len(deleted)
+    assert _summary(on_spark) == _summary(local)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+
+@pytest.mark.spark
+def test_cli_engine_spark(spark, tmp_path):
+    bundle = tmp_path / "bundle"
+    simulate(SimOptions(seed=3, duration_s=10, requests=20), bundle)
+    runner = CliRunner()
+    args = ["ingest", str(bundle), "--format", "json", "-q"]
+    local = runner.invoke(app, [*args, "--store", str(tmp_path / "local")])
+    # the module's session is the one getOrCreate finds: no second Spark is started
+    on_spark = runner.invoke(app, [*args, "--store", str(tmp_path / "spark"), "--engine", "spark",
+                                   "--spark-master", "local[2]"])  # fmt: skip
+    assert local.exit_code == 0 and on_spark.exit_code == 0, on_spark.output
+    strip = lambda out: {k: v for k, v in json.loads(out).items() if k not in SUMMARY_PER_RUN}  # noqa: E731
+    assert strip(on_spark.stdout) == strip(local.stdout)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--spark-master", "local[2]"], "go with --engine spark"),
+        (["--engine", "dask"], "--engine dask: give local or spark"),
+        (["--engine", "spark", "--spark-master", "local", "--spark-remote", "sc://h"], "give one"),
+        (["--engine", "spark", "--spark-conf", "nonsense"], "give KEY=VALUE"),
+        (["--engine", "spark", "--spark-conf", "executor.memory=2g"], "named spark.*"),
+    ],
+)
+def test_engine_options_refused(tmp_path, args, message):
+    """Bad engine options fail before anything is listed or Spark is started."""
+    (tmp_path / "in").mkdir()
+    result = CliRunner().invoke(app, ["ingest", str(tmp_path / "in"), "--store", str(tmp_path / "s"), *args])
+    # the console script prints a UsageError as one line and exits 2
+    assert isinstance(result.exception, UsageError) and message in str(result.exception)
+    assert not (tmp_path / "s").exists()
