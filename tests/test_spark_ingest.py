@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -203,3 +204,43 @@ def test_engine_options_refused(tmp_path, args, message):
     # the console script prints a UsageError as one line and exits 2
     assert isinstance(result.exception, UsageError) and message in str(result.exception)
     assert not (tmp_path / "s").exists()
+
+
+def test_job_spark_table(tmp_path):
+    """The job file's [spark]: master or remote, spark.* settings as dotted or quoted keys."""
+    from hybridtrace.job import load_job
+
+    base = "[inputs]\npaths = ['in']\n[store]\npath = 's'\n"
+    job = tmp_path / "job.toml"
+    job.write_text(base + "[spark]\nmaster = 'local[2]'\nspark.executor.memory = '2g'\n"
+                   "'spark.sql.shuffle.partitions' = 4\nspark.eventLog.enabled = true\n")  # fmt: skip
+    options = load_job(job).spark
+    assert (options.master, options.remote) == ("local[2]", None)
+    assert options.conf == {"spark.executor.memory": "2g", "spark.sql.shuffle.partitions": "4",
+                            "spark.eventLog.enabled": "true"}  # fmt: skip
+    job.write_text(base)
+    assert load_job(job).spark is None
+    for bad, message in [
+        ("[spark]\nmaster = 'local'\nremote = 'sc://h'\n", "give one"),
+        ("[spark]\nexecutor.memory = '2g'\n", "known keys are master, remote and spark.*"),
+        ("[spark]\nmaster = 2\n", "master must be a string"),
+        ("spark = 3\n", "[spark] must be a table"),
+    ]:
+        job.write_text(base + bad if bad.startswith("[") else bad + base)
+        with pytest.raises(UsageError, match=re.escape(message)):
+            load_job(job)
+
+
+@pytest.mark.spark
+def test_job_with_spark_table(spark, tmp_path):
+    from hybridtrace.job import load_job, run_job
+
+    bundle = tmp_path / "bundle"
+    simulate(SimOptions(seed=5, duration_s=10, requests=20), bundle)
+    local = ingest([bundle], tmp_path / "local")
+    job = tmp_path / "job.toml"
+    job.write_text(f"[inputs]\npaths = ['{bundle}']\n[store]\npath = '{tmp_path / 'spark'}'\n"
+                   "[spark]\nmaster = 'local[2]'\n")  # fmt: skip
+    code, summary = run_job(load_job(job))
+    assert code == 0 and summary["objects"]["read"] == local.objects_read, summary
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")

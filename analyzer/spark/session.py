@@ -44,6 +44,38 @@ def spark_options(master: str | None = None, remote: str | None = None,
     return options
 
 
+def _flatten(table: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def job_spark_options(table: object, where: str) -> SparkOptions:
+    """The job file's ``[spark]`` table: ``master`` or ``remote``, and ``spark.*`` settings
+    written as TOML dotted keys (``spark.executor.memory = "4g"``) or quoted ones."""
+    if not isinstance(table, Mapping):
+        raise UsageError(f"{where}: [spark] must be a table")
+    settings = _flatten(table)
+    master, remote = settings.pop("master", None), settings.pop("remote", None)
+    for key, value in (("master", master), ("remote", remote)):
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{where}: [spark] {key} must be a string, not {value!r}")
+    for key, value in settings.items():
+        if not key.startswith("spark."):
+            raise UsageError(f"{where}: [spark] {key}: known keys are master, remote and spark.* settings")
+        if not isinstance(value, (str, int, float, bool)):
+            raise UsageError(f"{where}: [spark] {key} must be a string, number or true/false")
+    try:
+        return spark_options(master, remote, settings)  # type: ignore[arg-type]
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
 def open_session(options: SparkOptions) -> SparkSession:
     """The session (an existing one with the same master is reused, as Spark does)."""
     try:
