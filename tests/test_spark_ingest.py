@@ -127,7 +127,8 @@ def test_bundle_spark_equals_local(spark, tmp_path):
     local = ingest([bundle], tmp_path / "local")
     on_spark = ingest([bundle], tmp_path / "spark", read_objects=reader)
     assert local.rejects > 0 and local.errors == 1 and local.rows["transfers"] > 0
-    assert reader.tasks == local.objects_read  # every object was read on an executor
+    assert reader.objects == local.objects_read  # every object was read on an executor
+    assert 1 < reader.tasks < reader.objects  # small objects share a task, both cores have work
     assert _summary(on_spark) == _summary(local)
     assert committed(tmp_path / "spark") == committed(tmp_path / "local")
 
@@ -141,9 +142,9 @@ def test_bundle_spark_equals_local(spark, tmp_path):
     assert committed(tmp_path / "spark") == committed(tmp_path / "local")
 
     # unchanged: nothing is handed to Spark at all
-    tasks = reader.tasks
+    objects = reader.objects
     again = ingest([bundle], tmp_path / "spark", read_objects=reader)
-    assert (again.objects_read, again.rows, reader.tasks) == (0, {}, tasks)
+    assert (again.objects_read, again.rows, reader.objects) == (0, {}, objects)
 
 
 @pytest.mark.spark

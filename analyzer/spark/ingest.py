@@ -2,9 +2,10 @@
 
 The driver lists the inputs, recovers the store and decides what needs no reading exactly
 as a local run does (``hybridtrace.ingest.run.ingest`` with ``read_objects``). The objects
-left to read go out in waves, one Spark task per object (``tasks.py``); their results come
-back in listing order and are added to the run's batches as if this process had read them,
-so the commit protocol, the dedupe against the store and the manifest are a local run's.
+left to read go out in waves, one Spark task per large object or per group of small ones
+(``tasks.py``); their results are added, in listing order, to the run's batches as if
+this process had read them, so the commit protocol, the dedupe against the store and the
+manifest are a local run's.
 
 What differs from a local ingest of the same inputs, by nature of a run:
 - ``sources.batch_id``, ``sources.ingested_at`` and ``rejects.ingested_at`` (and the
@@ -36,8 +37,12 @@ if TYPE_CHECKING:
 
 # A wave is what one Spark job reads; its results are held on the driver until merged, so
 # it is bounded by objects and by input bytes (spark.driver.maxResultSize is 1 GiB by default).
-WAVE_OBJECTS_PER_CORE = 4
+WAVE_OBJECTS = 2048
 WAVE_BYTES = int(os.environ.get("HYBRIDTRACE_SPARK_WAVE_BYTES", str(128 << 20)))
+# A Spark task costs about a quarter of a second here, more than parsing a small object:
+# small objects share a task, up to this much input, while every core still gets work.
+TASK_BYTES = int(os.environ.get("HYBRIDTRACE_SPARK_TASK_BYTES", str(16 << 20)))
+TASKS_PER_CORE = 2
 
 
 class SparkReader:
@@ -46,7 +51,8 @@ class SparkReader:
     def __init__(self, options: SparkOptions | None = None, session: SparkSession | None = None) -> None:
         self.options = options or SparkOptions()
         self._session = session  # opened when the first object needs reading
-        self.tasks = 0  # objects read on executors (for tests and the benchmark)
+        self.tasks = 0  # Spark tasks run
+        self.objects = 0  # objects read on executors (for tests and the benchmark)
 
     @property
     def session(self) -> SparkSession:
@@ -71,15 +77,12 @@ class SparkReader:
     def _waves(self, run: _Ingest, objects: list[ObjectRef]) -> Iterator[list[ObjectRef]]:
         wave: list[ObjectRef] = []
         count = size = 0
-        limit = None
         for obj in objects:
             wave.append(obj)
             if self.on_driver(run, obj):
                 continue
-            if limit is None:
-                limit = WAVE_OBJECTS_PER_CORE * max(1, self._parallelism())
             count, size = count + 1, size + obj.size
-            if count >= limit or size >= WAVE_BYTES:
+            if count >= WAVE_OBJECTS or size >= WAVE_BYTES:
                 yield wave
                 wave, count, size = [], 0, 0
         if wave:
@@ -107,11 +110,11 @@ class SparkReader:
     def _run(self, tasks: list[Task]) -> dict[int, Result]:
         if not tasks:
             return {}
-        payloads = [pickle.dumps(task) for task in tasks]
-        n = len(tasks)
-        # one partition per object: spark.range splits 0..n-1 evenly, so each task gets one id
+        groups = [[pickle.dumps(task) for task in group] for group in self._groups(tasks)]
+        n = len(groups)
+        # one partition per group: spark.range splits 0..n-1 evenly, so each task gets one id
         frame = self.session.range(0, n, 1, numPartitions=n).mapInArrow(
-            partial(read_partition, payloads), "index long, result binary"
+            partial(read_partition, groups), "index long, result binary"
         )
         try:
             rows = frame.collect()
@@ -119,7 +122,23 @@ class SparkReader:
             text = str(exc).strip().splitlines()
             raise HybridtraceError(f"the Spark job failed: {redact(text[0] if text else repr(exc))}") from exc
         self.tasks += n
-        return {tasks[row["index"]].index: pickle.loads(row["result"]) for row in rows}
+        self.objects += len(tasks)
+        return {row["index"]: pickle.loads(row["result"]) for row in rows}
+
+    def _groups(self, tasks: list[Task]) -> list[list[Task]]:
+        """The wave's objects in Spark tasks: one each when large, small ones together, at
+        least ``TASKS_PER_CORE`` tasks per core when there are that many objects; the
+        largest first, each to the task with the least input so far."""
+        total = sum(task.obj.size for task in tasks)
+        wanted = max(TASKS_PER_CORE * self._parallelism(), -(-total // TASK_BYTES))
+        groups: list[list[Task]] = [[] for _ in range(min(len(tasks), wanted))]
+        sizes = [0] * len(groups)
+        for task in sorted(tasks, key=lambda t: -t.obj.size):
+            emptiest = sizes.index(min(sizes))
+            groups[emptiest].append(task)
+            sizes[emptiest] += task.obj.size
+        # within a task, in listing order (nothing depends on it; it reads as expected)
+        return [sorted(group, key=lambda t: t.index) for group in groups]
 
 
 def merge(run: _Ingest, obj: ObjectRef, result: Result) -> None:

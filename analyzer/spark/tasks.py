@@ -17,6 +17,7 @@ import pickle
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -24,6 +25,9 @@ from hybridtrace.buckets import ObjectRef, bucket
 from hybridtrace.ingest.batch import Batch
 from hybridtrace.ingest.run import IngestOptions, _Ingest
 from hybridtrace.ingest.summary import IngestSummary
+
+if TYPE_CHECKING:
+    import duckdb
 
 # The summary counts an executor's read adds to; rows and duplicates are counted by the
 # driver's commit, which is where they are deduped.
@@ -101,6 +105,9 @@ def _slice_of(batch: Batch) -> Slice:
     return Slice(tables, batch.sources)
 
 
+_shared: dict[str, duckdb.DuckDBPyConnection] = {}  # per executor process: the parsers' connection
+
+
 class _Detached(_Ingest):
     """A run over one object with no store: a full batch is kept as a slice, not committed."""
 
@@ -110,6 +117,16 @@ class _Detached(_Ingest):
         super().__init__(None, task.options, reads)
         self.slices: list[Slice] = []
         self.commit_after = False
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        # One connection per executor process, as a local run has one for all its objects:
+        # opening one per object would cost more than parsing a small one.
+        if "con" not in _shared:
+            import duckdb
+
+            _shared["con"] = duckdb.connect(":memory:")
+        return _shared["con"]
 
     def maybe_commit(self, force: bool = False) -> None:
         if not force:
@@ -144,18 +161,21 @@ def read_task(task: Task) -> Result:
     finally:
         if run is not None:
             run.writer.shutdown(wait=False)
-            if run._con is not None:
-                run._con.close()
     return result
 
 
-def read_partition(tasks: list[bytes], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow``'s function: each id in the partition names a pickled ``Task`` in
-    ``tasks``; each yields one row, its index and its pickled ``Result``."""
+RESULT_SCHEMA = pa.schema([("index", pa.int64()), ("result", pa.binary())])
+
+
+def read_partition(groups: list[list[bytes]], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``'s function: each id in the partition names a group of pickled
+    ``Task``s in ``groups``, read in order; each task yields one row, its index in the
+    wave and its pickled ``Result``."""
     for ids in batches:
-        for index in ids.column(0).to_pylist():
-            result = read_task(pickle.loads(tasks[index]))
-            yield pa.RecordBatch.from_pydict(
-                {"index": [index], "result": [pickle.dumps(result)]},
-                schema=pa.schema([("index", pa.int64()), ("result", pa.binary())]),
-            )
+        for group in ids.column(0).to_pylist():
+            for payload in groups[group]:
+                task = pickle.loads(payload)
+                result = read_task(task)
+                yield pa.RecordBatch.from_pydict(
+                    {"index": [task.index], "result": [pickle.dumps(result)]}, schema=RESULT_SCHEMA
+                )
