@@ -40,8 +40,14 @@ def _ingest_code(bundle: Path, store: Path, master: str | None) -> str:
             "from hybridtrace.spark.ingest import SparkReader",
             "from hybridtrace.spark.session import open_session, spark_options",
             f"reader = SparkReader(session=open_session(spark_options(master={master!r})))",
-            # the first job starts the Python workers: paid once, as a cluster pays it per job
-            "reader.session.range(0, 2, 1, 2).count()",
+            # the first job starts the Python workers and has them import the parsers: paid
+            # once per worker, as a cluster pays it once per job, not per object
+            "def warm(batches):",
+            "    import hybridtrace.ingest.formats, hybridtrace.ingest.trace, hybridtrace.ingest.vllm_log",
+            "    import hybridtrace.ingest.prometheus, hybridtrace.spark.tasks, duckdb, polars",
+            "    yield from batches",
+            "n = reader.session.sparkContext.defaultParallelism",
+            "reader.session.range(0, n, 1, n).mapInArrow(warm, 'id long').collect()",
         ]
         reader = "reader"
     lines += [
