@@ -93,10 +93,17 @@ def main() -> None:
     scaling = results["spark local[1]"] / results["spark local[2]"]
     cores = math.ceil(TB_PER_DAY_MB_S * HEADROOM / per_core)
     print(f"two cores ingest {scaling:.2f}× as fast as one (2.00 would be linear)")
+    executors = math.ceil(cores / 4)
     print(
         f"estimate: 1 TB/day is {TB_PER_DAY_MB_S:.1f} MB/s; at {per_core:.1f} MB/s per executor core, with "
-        f"{HEADROOM:.0f}× headroom, about {cores} executor cores (e.g. {math.ceil(cores / 4)} executors of "
-        "4 cores), plus one driver that lists and commits"
+        f"{HEADROOM:.0f}× headroom, about {cores} executor cores ({executors} executor"
+        f"{'s' if executors > 1 else ''} of 4 cores), plus one driver that lists, merges and commits"
+    )
+    # local[N] runs the driver and its executors on the same cores: the per-core rate above
+    # counts the driver's serial merge and commit as executor time, so it is a lower bound
+    print(
+        f"the driver commits serially: the local ingest's {mb / base:.1f} MB/s (parse and commit on one "
+        "core) bounds from below what one driver commits; past that, split the inputs over stores"
     )
 
 
