@@ -18,6 +18,10 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -71,6 +75,36 @@ def spark(s3):
     session = open_session(spark_options(master="local[2]", conf={"spark.sql.shuffle.partitions": 2}))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_server(s3, tmp_path_factory):
+    """The Spark Connect server PySpark ships, on loopback with local[2] (stopped after)."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    port = servers.free_port()
+    logs = tmp_path_factory.mktemp("connect")
+    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs)}  # fmt: skip
+    settings = ["spark.connect.grpc.binding.address=127.0.0.1", f"spark.connect.grpc.binding.port={port}",
+                "spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1"]  # fmt: skip
+    command = [str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]"]
+    for setting in settings:
+        command += ["--conf", setting]
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the Spark Connect server did not start in 120 s"
+            time.sleep(1)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop = home / "sbin" / "stop-connect-server.sh"
+        subprocess.run([str(stop)], env=env, capture_output=True, timeout=120)
 
 
 def _reader(spark):
@@ -244,4 +278,20 @@ def test_job_with_spark_table(spark, tmp_path):
                    "[spark]\nmaster = 'local[2]'\n")  # fmt: skip
     code, summary = run_job(load_job(job))
     assert code == 0 and summary["objects"]["read"] == local.objects_read, summary
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
+
+
+@pytest.mark.spark
+def test_spark_connect_equals_local(connect_server, tmp_path):
+    """--spark-remote: the same tasks through Spark Connect (in a process of its own, since
+    this one holds a classic session) leave the store a local ingest leaves."""
+    bundle = _bundle(tmp_path)
+    ingest([bundle], tmp_path / "local")
+    run = subprocess.run(
+        [sys.executable, "-m", "hybridtrace", "ingest", str(bundle), "--store", str(tmp_path / "spark"),
+         "--engine", "spark", "--spark-remote", connect_server, "--format", "json", "-q"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    # exit 2: the refused config is an unreadable object, as in the local run
+    assert run.returncode == 2 and json.loads(run.stdout)["errors"] == 1, run.stderr[-2000:]
     assert committed(tmp_path / "spark") == committed(tmp_path / "local")

@@ -93,8 +93,9 @@ def open_session(options: SparkOptions) -> SparkSession:
             # local mode's Python workers are this interpreter, so they import this install
             # (PySpark reads only the environment for them, not spark.pyspark.python)
             os.environ["PYSPARK_PYTHON"] = sys.executable
-    # the progress bar would be drawn over the command's own output
-    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    if not options.remote:  # a Connect server's settings are its own
+        # the progress bar would be drawn over the command's own output
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in options.conf.items():
         builder = builder.config(key, value)
     try:
