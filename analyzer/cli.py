@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +28,9 @@ from hybridtrace.model import (
 )
 from hybridtrace.output import OutputFormat, to_json
 from hybridtrace.units import format_bytes, parse_bytes, parse_duration, parse_int_list, parse_rate
+
+if TYPE_CHECKING:
+    from hybridtrace.spark.ingest import SparkReader
 
 app = typer.Typer(
     name="hybridtrace",
@@ -194,6 +197,28 @@ StoreOption = Annotated[
 ]
 
 
+def _ingest_engine(
+    engine: str, master: str | None, remote: str | None, conf: list[str]
+) -> SparkReader | None:
+    """The ``read_objects`` of ``--engine spark`` (None for local, the default)."""
+    if engine == "local":
+        if master or remote or conf:
+            raise UsageError("--spark-master, --spark-remote and --spark-conf go with --engine spark")
+        return None
+    if engine != "spark":
+        raise UsageError(f"--engine {engine}: give local or spark")
+    from hybridtrace.spark.ingest import SparkReader
+    from hybridtrace.spark.session import spark_options
+
+    settings = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--spark-conf {item}: give KEY=VALUE")
+        settings[key.strip()] = value.strip()
+    return SparkReader(spark_options(master, remote, settings))
+
+
 @app.command("ingest")
 def ingest_command(
     paths: Annotated[
@@ -212,6 +237,18 @@ def ingest_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, summary only.")] = False,
     fmt: FormatOption = OutputFormat.table,
+    engine: Annotated[
+        str, typer.Option(help="Where objects are parsed: local (this process) or spark (executors).")
+    ] = "local",
+    spark_master: Annotated[
+        str | None, typer.Option(help="Spark master for --engine spark: local[2], spark://…, yarn, k8s://…")
+    ] = None,
+    spark_remote: Annotated[
+        str | None, typer.Option(help="Spark Connect server for --engine spark: sc://host:15002.")
+    ] = None,
+    spark_conf: Annotated[
+        list[str] | None, typer.Option(help="A spark.* setting for --engine spark, KEY=VALUE (repeatable).")
+    ] = None,
 ) -> None:
     """Read telemetry into the store's Parquet tables; re-runs read only what is new."""
     from hybridtrace.ingest.run import ingest
@@ -220,6 +257,7 @@ def ingest_command(
     _no_csv(fmt, "ingest")
     if year is not None and not 1970 <= year <= 9999:
         raise UsageError(f"--year {year}: give a year between 1970 and 9999")
+    read_objects = _ingest_engine(engine, spark_master, spark_remote, spark_conf or [])
     summary = ingest(
         paths,
         store or default_store(),
@@ -227,6 +265,7 @@ def ingest_command(
         year=year,
         tz=tz,
         model=model,
+        read_objects=read_objects,
     )
     result = summary.as_dict()
     # what could be read is in the store; what could not is an error the exit code says

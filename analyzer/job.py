@@ -29,6 +29,10 @@ The job file::
 
     [thresholds]                                       # optional, as in hybridtrace.toml
     slow_rank_ratio = 0.6
+
+    [spark]                                            # optional: ingest on Spark (docs/spark.md)
+    master = "yarn"                                    # or remote = "sc://host:15002"; neither:
+    spark.executor.memory = "4g"                       # spark-submit's session
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybridtrace.errors import UsageError
 from hybridtrace.exit_codes import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, decide_exit
@@ -48,6 +53,9 @@ from hybridtrace.store.objects import is_bucket, refuse_credentials
 from hybridtrace.store.roots import root_of
 from hybridtrace.toml_files import read_toml
 from hybridtrace.verify_job import VerifyStep, judge, load_verify_step, run_verify_step
+
+if TYPE_CHECKING:
+    from hybridtrace.spark.session import SparkOptions
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "Busy", "JobConfig", "load_job", "run_job", "run_lock"]
 
@@ -67,6 +75,7 @@ class JobConfig:
     max_run_s: float = 3600.0
     thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
     verify: VerifyStep | None = None  # [verify]: compare outputs with a control before the analysis
+    spark: SparkOptions | None = None  # [spark]: objects parsed on Spark executors (--engine spark)
 
 
 _KEYS = {
@@ -93,6 +102,7 @@ def load_job(path: str | Path) -> JobConfig:
     raw = read_toml(path, "job file")
     known = {"inputs", "store", "report", "alert", "thresholds"}
     known.add("verify")  # checked by hybridtrace.verify_job
+    known.add("spark")  # checked by hybridtrace.spark.session
     unknown = sorted(set(raw) - known)
     if unknown:
         raise UsageError(f"{path}: unknown sections {unknown} (known: {', '.join(sorted(known))})")
@@ -138,6 +148,11 @@ def load_job(path: str | Path) -> JobConfig:
 
         load_thresholds(path)
     verify_step = load_verify_step(raw.get("verify"), path, store["path"])
+    spark = None
+    if "spark" in raw:
+        from hybridtrace.spark.session import job_spark_options
+
+        spark = job_spark_options(raw["spark"], str(path))
     return JobConfig(
         paths=list(paths),
         store=store["path"],
@@ -152,6 +167,7 @@ def load_job(path: str | Path) -> JobConfig:
         max_run_s=number(alert, "max_run_s", 3600),
         thresholds_file=str(path) if "thresholds" in raw else None,
         verify=verify_step,
+        spark=spark,
     )
 
 
@@ -192,7 +208,13 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
     summary: dict = {"status": "ok", "store": config.store}
     try:
         with run_lock(config.store, config.lease_s, config.max_run_s):
-            ingested = ingest(config.paths, config.store, year=config.year, tz=config.tz, model=config.model)
+            read_objects = None
+            if config.spark is not None:
+                from hybridtrace.spark.ingest import SparkReader
+
+                read_objects = SparkReader(config.spark)
+            ingested = ingest(config.paths, config.store, year=config.year, tz=config.tz, model=config.model,
+                              read_objects=read_objects)  # fmt: skip
             summary["objects"] = {
                 "seen": ingested.objects_seen, "read": ingested.objects_read,
                 "unchanged": ingested.objects_skipped, "gone": ingested.objects_gone,

@@ -145,13 +145,16 @@ def _prefetch(
 class _Ingest:
     """One run: the store, the open batch, the summary."""
 
-    def __init__(self, store: Store, options: IngestOptions) -> None:
+    def __init__(self, store: Store | None, options: IngestOptions,
+                 reads: tuple[dict[str, dict], dict[str, dict]] | None = None) -> None:  # fmt: skip
+        # ``reads`` (the latest and the failed reads by uri) instead of the store's: an
+        # executor reading objects for another engine's driver (hybridtrace.spark) has no store
         self.store = store
         self.options = options
         self._con: duckdb.DuckDBPyConnection | None = None
         self.batch = Batch()
         self.summary = IngestSummary()
-        self.previous, self.failed = previous_reads(store)
+        self.previous, self.failed = reads if reads is not None else previous_reads(store)
         self.seen: set[str] = set()  # uris of this run's listing
         self.errored_folders: list[str] = []  # folders the listing could not read
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-commit")
@@ -553,11 +556,14 @@ def ingest(
     year: int | None = None,
     tz: str = "UTC",
     model: str | None = None,
+    read_objects: Callable[[_Ingest, list[ObjectRef]], None] | None = None,
 ) -> IngestSummary:
     """Ingest every object under ``paths`` into the store at ``store_root``.
 
     ``model`` (a config.json path or built-in name) is the config every engine serves,
-    whatever the engines call their model.
+    whatever the engines call their model. ``read_objects`` reads the listed objects into
+    the run in their order instead of this process (``hybridtrace.spark.ingest``: parsed on
+    executors); the listing, recovery, the manifest's gone rows and every commit stay here.
     """
     try:
         from zoneinfo import ZoneInfo
@@ -585,8 +591,11 @@ def ingest(
             run.explicit_model(model)
         run.progress = Progress(progress, sum(o.size for o in objects))
         try:
-            for obj, fetched in _prefetch(objects, run.needs_no_download):
-                run.object(obj, fetched)
+            if read_objects is not None:
+                read_objects(run, objects)
+            else:
+                for obj, fetched in _prefetch(objects, run.needs_no_download):
+                    run.object(obj, fetched)
             run.note_gone(prefixes)
             run.maybe_commit(force=True)
         finally:

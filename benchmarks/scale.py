@@ -1,0 +1,111 @@
+"""Ingest on Spark against a local ingest of the same data, and what 1 TB a day would need.
+
+    python benchmarks/scale.py [--requests 20000] [--engines 4] [--dir /tmp/ht-scale]
+
+Needs the spark extra (``pip install ".[spark]"``) and Java 17. Simulates one bundle
+(``--engines`` prefill and as many decode engines, so there are many objects to hand out),
+then ingests it into a fresh store three times, each in its own process:
+
+- ``--engine local``;
+- ``--engine spark`` on ``local[1]`` (one executor core);
+- ``--engine spark`` on ``local[2]`` (two).
+
+Spark's start (JVM, session, the first Python workers) is timed apart from the ingest, since
+a cluster pays it once per job, not per object. It prints each ingest's MB/s and its time
+as a ratio to the local ingest's, then an estimate, from the per-core rate measured, of the
+executor cores that 1 TB/day of such input needs. These machines are noisy and shared:
+compare ratios, not seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+from pathlib import Path
+
+from _measure import run_timed
+
+TB_PER_DAY_MB_S = 1e6 / 86400  # 1 TB a day, evenly spread, in MB/s
+HEADROOM = 2.0  # peaks, retries and slower objects than these: plan for twice the mean
+
+
+def _ingest_code(bundle: Path, store: Path, master: str | None) -> str:
+    """Code that prints the ingest's own seconds (Spark's start is timed before it)."""
+    lines = ["from hybridtrace.ingest.run import ingest"]
+    reader = "None"
+    if master is not None:
+        lines += [
+            "from hybridtrace.spark.ingest import SparkReader",
+            "from hybridtrace.spark.session import open_session, spark_options",
+            f"reader = SparkReader(session=open_session(spark_options(master={master!r})))",
+            # the first job starts the Python workers and has them import the parsers: paid
+            # once per worker, as a cluster pays it once per job, not per object
+            "def warm(batches):",
+            "    import hybridtrace.ingest.formats, hybridtrace.ingest.trace, hybridtrace.ingest.vllm_log",
+            "    import hybridtrace.ingest.prometheus, hybridtrace.spark.tasks, duckdb, polars",
+            "    yield from batches",
+            "n = reader.session.sparkContext.defaultParallelism",
+            "reader.session.range(0, n, 1, n).mapInArrow(warm, 'id long').collect()",
+        ]
+        reader = "reader"
+    lines += [
+        "t0 = time.perf_counter()",
+        f"summary = ingest([{str(bundle)!r}], {str(store)!r}, read_objects={reader})",
+        "assert summary.errors == 0, summary.error_messages",
+        "print(time.perf_counter() - t0)",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--engines", type=int, default=4, help="prefill engines, and as many decode ones")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/ht-scale"))
+    args = parser.parse_args()
+    if shutil.which("java") is None:
+        sys.exit("scale.py needs Java 17 (and the spark extra)")
+    from hybridtrace.simulate import SimOptions, simulate
+
+    shutil.rmtree(args.dir, ignore_errors=True)
+    bundle = args.dir / "bundle"
+    options = SimOptions(seed=11, requests=args.requests, duration_s=max(60.0, args.requests / 50),
+                         prefill_engines=args.engines, decode_engines=args.engines)  # fmt: skip
+    simulate(options, bundle)
+    files = [p for p in bundle.rglob("*") if p.is_file()]
+    mb = sum(p.stat().st_size for p in files) / 1e6
+    print(f"bundle: {len(files)} objects, {mb:.1f} MB")
+
+    results = {}
+    for name, master in (("local", None), ("spark local[1]", "local[1]"), ("spark local[2]", "local[2]")):
+        store = args.dir / f"store-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
+        total, rss, line = run_timed(_ingest_code(bundle, store, master))
+        seconds = float(line)
+        results[name] = seconds
+        start = f", Spark start {total - seconds:.1f} s" if master else ""
+        print(f"{name:16} {seconds:7.2f} s  {mb / seconds:7.1f} MB/s  peak RSS {rss / 2**20:6.0f} MiB{start}")
+    base = results["local"]
+    for name, seconds in results.items():
+        print(f"ratio {name:16} {seconds / base:5.2f}× the local ingest's time")
+    per_core = mb / results["spark local[1]"]
+    scaling = results["spark local[1]"] / results["spark local[2]"]
+    cores = math.ceil(TB_PER_DAY_MB_S * HEADROOM / per_core)
+    print(f"two cores ingest {scaling:.2f}× as fast as one (2.00 would be linear)")
+    executors = math.ceil(cores / 4)
+    print(
+        f"estimate: 1 TB/day is {TB_PER_DAY_MB_S:.1f} MB/s; at {per_core:.1f} MB/s per executor core, with "
+        f"{HEADROOM:.0f}× headroom, about {cores} executor cores ({executors} executor"
+        f"{'s' if executors > 1 else ''} of 4 cores), plus one driver that lists, merges and commits"
+    )
+    # local[N] runs the driver and its executors on the same cores: the per-core rate above
+    # counts the driver's serial merge and commit as executor time, so it is a lower bound
+    print(
+        f"the driver commits serially: the local ingest's {mb / base:.1f} MB/s (parse and commit on one "
+        "core) bounds from below what one driver commits; past that, split the inputs over stores"
+    )
+
+
+if __name__ == "__main__":
+    main()
