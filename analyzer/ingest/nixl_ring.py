@@ -262,6 +262,9 @@ def ring_tables(ring: Ring, source_id: str, read_at: float) -> tuple[pa.Table, p
         "capacity": [ring.capacity], "events": [ring.events], "transfers": [len(rows)],
         "errors": [json.dumps(ring.errors, sort_keys=True)], "error_count": [sum(ring.errors.values())],
         "dropped_events": [ring.dropped_events], "ring_full": [ring.full],
+        # NIXL loses events two ways: a ring with no room left, or its staging queue overflowing
+        # before a flush (then it writes the dropped-events marker instead)
+        "events_lost": [ring.full or ring.dropped_events > 0],
         "incomplete_groups": [ring.incomplete_groups], "unknown_events": [unknown],
         "registered_bytes": [ring.registered_bytes], "source_id": [source_id], "line_number": [1],
     })  # fmt: skip

@@ -71,6 +71,18 @@ def snapshot(pair):
     return parse_ring(Path(pair["ring"]).read_bytes(), pair["ring"].name)
 
 
+def full_snapshot(pair, within_s: float = 15.0):
+    """The ring once NIXL has flushed into it all it will: on a loaded machine its flushing
+    thread can run late, so the wait is for the state (full, or NIXL's dropped-events count
+    written), not for a fixed time."""
+    deadline = time.monotonic() + within_s
+    ring = snapshot(pair)
+    while not (ring.full or ring.dropped_events) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        ring = parse_ring(Path(pair["ring"]).read_bytes(), pair["ring"].name)
+    return ring
+
+
 def test_the_ring_holds_each_transfer_as_nixl_reported_it(agents):
     pair = agents("moves")
     plan = [("READ", [0]), ("READ", [3, 5, 7]), ("WRITE", list(range(20, 36))),
@@ -123,12 +135,17 @@ def test_failures_are_error_counts_not_transfers(agents):
 def test_a_full_ring_reports_lost_events(agents):
     pair = agents("full", capacity=32)
     seen = [move(pair, "READ", [i]) for i in range(12)]  # 1 + 48 events for 31 usable slots
-    ring = snapshot(pair)
-    assert ring.full and ring.events == 31
+    ring = full_snapshot(pair)
+    # NIXL loses the later events either way, as the timing of its flush decides: the ring
+    # fills up (31 events, the 8th READ's group cut short), or its staging queue overflows
+    # first and it writes how many it dropped
+    assert ring.full or ring.dropped_events > 0
+    if ring.full:
+        assert ring.events == 31 and ring.incomplete_groups == 1
     # the ring keeps the first events: the transfers it holds whole are the first ones
     kept = [(t.direction, t.post_us, t.xfer_us, t.bytes) for t in ring.transfers]
     assert kept == seen[: len(kept)]
-    assert len(ring.transfers) == 7 and ring.incomplete_groups == 1
+    assert len(ring.transfers) == 7
     assert os.path.getsize(pair["ring"]) == 40 + 16 * 32
 
 
@@ -149,7 +166,8 @@ def test_ingest_adds_exactly_the_new_transfers_of_a_live_ring(agents, tmp_path: 
     rows = con.sql("SELECT direction, post_us, xfer_us, transported_bytes FROM nixl_transfers "
                    "ORDER BY seq").fetchall()
     assert rows == first + more
-    assert con.sql("SELECT count(*), max(ring_full::INT) FROM nixl_rings").fetchall() == [(2, 0)]
+    rings = con.sql("SELECT count(*), max(ring_full::INT), max(events_lost::INT) FROM nixl_rings").fetchall()
+    assert rings == [(2, 0, 0)]
 
 
 def test_ingest_says_a_full_ring_lost_events(agents, tmp_path: Path):
@@ -159,8 +177,8 @@ def test_ingest_says_a_full_ring_lost_events(agents, tmp_path: Path):
     pair = agents("fullstore", capacity=32)
     for i in range(12):
         move(pair, "READ", [i])
-    time.sleep(FLUSH_S)
+    ring = full_snapshot(pair)
     ingest([pair["ring"]], tmp_path / "store")
     con = Store(tmp_path / "store").connect()
-    snapshot = con.sql("SELECT ring_full, transfers, incomplete_groups FROM nixl_rings").fetchall()
-    assert snapshot == [(True, 7, 1)]
+    snapshot = con.sql("SELECT events_lost, ring_full, transfers, dropped_events FROM nixl_rings").fetchall()
+    assert snapshot == [(True, ring.full, 7, ring.dropped_events)]
