@@ -90,7 +90,7 @@ def _requests(store: Path) -> int:
     )
 
 
-@pytest.mark.slow  # twelve ingest-and-analyze steps, each against a full analysis: the slow tier runs it
+@pytest.mark.slow  # many ingest-and-analyze steps, each against a full analysis: the slow tier runs it
 def test_incremental_equals_full_after_every_step(bundle, tmp_path, monkeypatch):
     job = Growing(bundle, tmp_path)
     # 1. part of the trace, no model config yet: the decode engine is not sized
