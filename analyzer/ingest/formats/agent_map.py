@@ -22,20 +22,16 @@ from hybridtrace.ingest.formats.base import (
 
 class _MapParser(WholeParser):
     def parse_whole(self, chunk: Chunk) -> Parsed:
-        import pyarrow as pa
 
         from hybridtrace.ingest.agent_map import parse_agent_map
-        from hybridtrace.schema import table_schema
 
         rows, rejects, error = parse_agent_map(self.data())
         parsed = Parsed(error=error)
         now = time.time()
         for row in rows:
             row.update(origin=self.context.uri, ingested_at=now, source_id=chunk.source_id)
-        if rows:
-            schema = table_schema("agent_map").arrow_schema()
-            parsed.add("agent_map", pa.Table.from_pylist(rows, schema=schema))
-        parsed.reject([{"line_number": n, "reason": why, "raw": raw} for n, why, raw in rejects])
+        parsed.add_rows("agent_map", rows)
+        parsed.reject_lines(rejects)
         if error is not None:
             parsed.reject([{"line_number": 0, "reason": error, "raw": ""}])
         return parsed

@@ -139,6 +139,19 @@ class Parsed:
         if len(rows):
             self.rejects.append(rows)
 
+    def reject_lines(self, rejects: list[tuple[int, str, str]]) -> None:
+        """Rejects as the parsing cores give them: (line number, reason, raw text)."""
+        self.reject([{"line_number": n, "reason": why, "raw": raw} for n, why, raw in rejects])
+
+    def add_rows(self, table: str, rows: list[dict]) -> None:
+        """Rows as dicts, typed by the table's schema (``schemas/<table>.toml``)."""
+        if rows:
+            import pyarrow as pa
+
+            from hybridtrace.schema import table_schema
+
+            self.add(table, pa.Table.from_pylist(rows, schema=table_schema(table).arrow_schema()))
+
 
 class Parser:
     """One object's parser: fed chunk after chunk, it keeps what it needs between them."""

@@ -25,10 +25,8 @@ _NUMBERS = ("gb_per_s", "aggregate_gb_per_s", "network_util_pct", "avg_latency_u
 
 class _BenchParser(WholeParser):
     def parse_whole(self, chunk: Chunk) -> Parsed:
-        import pyarrow as pa
 
         from hybridtrace.ingest.nixlbench import parse_nixlbench
-        from hybridtrace.schema import table_schema
 
         bench = parse_nixlbench(self.data().decode("utf-8", "replace"))
         config = bench.config
@@ -55,10 +53,8 @@ class _BenchParser(WholeParser):
                 "line_number": point["line_number"],
             })  # fmt: skip
         parsed = Parsed()
-        if rows:
-            table = pa.Table.from_pylist(rows, schema=table_schema("nixlbench_points").arrow_schema())
-            parsed.add("nixlbench_points", table)
-        parsed.reject([{"line_number": n, "reason": why, "raw": raw} for n, why, raw in bench.rejects])
+        parsed.add_rows("nixlbench_points", rows)
+        parsed.reject_lines(bench.rejects)
         return parsed
 
 

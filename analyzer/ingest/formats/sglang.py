@@ -29,7 +29,7 @@ class _SglangParser(WholeParser):
         parsed = Parsed()
         for name, table in tables.items():
             parsed.add(name, table)
-        parsed.reject([{"line_number": n, "reason": why, "raw": raw} for n, why, raw in rejects])
+        parsed.reject_lines(rejects)
         return parsed
 
 
