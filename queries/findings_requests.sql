@@ -244,6 +244,32 @@ FROM (
 )
 GROUP BY engine_id, request_id;
 
+-- _untimed_handoffs: the successful handoffs with no timed read, as the fitted link judges
+-- them: what _fitted_handoffs reads of each request (the incremental analysis keeps these
+-- rows per request, and applies the current fits to them every run).
+--
+-- @column engine_id            decode engine
+-- @column request_id           decode-side request id
+-- @column remote_engine_id     prefill engine
+-- @column missing_tokens       prompt tokens the decoder did not hold
+-- @column measured_prefill_s   the prefill time the request record measured, if any
+-- @column read_bytes           one read's expected bytes (attention blocks, state blocks, at the TP share)
+CREATE OR REPLACE VIEW _untimed_handoffs AS
+WITH untimed AS (
+    SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
+    FROM requests r
+    JOIN engine_models d ON d.engine_id = r.engine_id AND d.error IS NULL
+    LEFT JOIN engine_models p ON p.engine_id = r.remote_engine_id AND p.error IS NULL
+    WHERE coalesce(r.status, 'ok') = 'ok'
+      AND NOT EXISTS (SELECT 1 FROM _request_reads x WHERE x.engine_id = r.engine_id
+                      AND x.request_id = r.request_id AND x.critical_path_s IS NOT NULL)
+)
+SELECT u.engine_id, u.request_id, u.remote_engine_id, u.missing_tokens, u.prefill_s AS measured_prefill_s,
+       _expected_attention_bytes(q.b, q.block, coalesce(q.tokens, u.missing_tokens), u.share)
+       + q.s * q.state_blocks // u.share AS read_bytes
+FROM untimed u
+JOIN _request_model q USING (engine_id, request_id);
+
 -- _fitted_handoffs: the handoffs with no measured transfer time (a request record of a
 -- successful request, and no successful timed read of it: the reads are not in the trace),
 -- their critical path predicted by the fitted link. One read's bytes as the byte model sizes
@@ -262,22 +288,7 @@ GROUP BY engine_id, request_id;
 --   fit_scope, fit_rank, fit_source, fit_transfers_used       the fit used: its scope ('rank', 'pair',
 --                                                             'fleet'), rank, source and reads
 CREATE OR REPLACE VIEW _fitted_handoffs AS
-WITH untimed AS (
-    SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
-    FROM requests r
-    JOIN engine_models d ON d.engine_id = r.engine_id AND d.error IS NULL
-    LEFT JOIN engine_models p ON p.engine_id = r.remote_engine_id AND p.error IS NULL
-    WHERE coalesce(r.status, 'ok') = 'ok'
-      AND NOT EXISTS (SELECT 1 FROM _request_reads x WHERE x.engine_id = r.engine_id
-                      AND x.request_id = r.request_id AND x.critical_path_s IS NOT NULL)
-),
-sized AS (
-    SELECT u.engine_id, u.request_id, u.remote_engine_id, u.missing_tokens, u.prefill_s AS measured_prefill_s,
-           _expected_attention_bytes(q.b, q.block, coalesce(q.tokens, u.missing_tokens), u.share)
-           + q.s * q.state_blocks // u.share AS read_bytes
-    FROM untimed u
-    JOIN _request_model q USING (engine_id, request_id)
-),
+WITH sized AS (SELECT * FROM _untimed_handoffs),
 candidates AS (
     SELECT s.*, f.scope AS fit_scope, f.rank AS fit_rank, f.source AS fit_source,
            f.transfers_used AS fit_transfers_used,
@@ -308,6 +319,23 @@ SELECT f.engine_id, f.request_id, f.remote_engine_id, f.missing_tokens,
 FROM fitted f
 LEFT JOIN _peak_prefill_rate p ON p.engine_id = f.engine_id;
 
+-- _recompute_cheaper_fitted: finding_recompute_cheaper's handoffs judged by the fitted link
+-- (_fitted_handoffs), a view of its own: the fits change with every read, so the
+-- incremental analysis applies them anew each run instead of keeping these findings.
+CREATE OR REPLACE VIEW _recompute_cheaper_fitted AS
+SELECT
+    'recompute_cheaper' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
+    remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
+    'the transfer would take ' || round(critical_path_s * 1e3, 2) || ' ms by the link fitted from '
+        || fit_transfers_used || ' reads; prefilling ' || missing_tokens || ' tokens here takes '
+        || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
+    CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
+        'missing_tokens', missing_tokens, 'read_bytes', read_bytes, 'handoff_time_source', 'fit',
+        'fit_scope', fit_scope, 'fit_rank', fit_rank, 'fit_source', fit_source,
+        'fit_transfers_used', fit_transfers_used) AS VARCHAR) AS evidence
+FROM _fitted_handoffs
+WHERE prefill_s IS NOT NULL AND critical_path_s > prefill_s * _t('recompute_margin');
+
 -- finding_recompute_cheaper: the handoff's critical path (its slowest read, post to
 -- completion) took longer than prefilling the same missing prefix on the decoder: measured
 -- when the trace has prefill_s, else configured or estimated (the evidence says which).
@@ -326,15 +354,4 @@ FROM handoffs
 WHERE coalesce(status, 'ok') = 'ok' AND prefill_s IS NOT NULL
   AND critical_path_s > prefill_s * _t('recompute_margin')
 UNION ALL
-SELECT
-    'recompute_cheaper' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
-    remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'the transfer would take ' || round(critical_path_s * 1e3, 2) || ' ms by the link fitted from '
-        || fit_transfers_used || ' reads; prefilling ' || missing_tokens || ' tokens here takes '
-        || round(prefill_s * 1e3, 2) || ' ms (' || prefill_source || ')' AS message,
-    CAST(json_object('critical_path_s', critical_path_s, 'prefill_s', prefill_s, 'prefill', prefill_source,
-        'missing_tokens', missing_tokens, 'read_bytes', read_bytes, 'handoff_time_source', 'fit',
-        'fit_scope', fit_scope, 'fit_rank', fit_rank, 'fit_source', fit_source,
-        'fit_transfers_used', fit_transfers_used) AS VARCHAR) AS evidence
-FROM _fitted_handoffs
-WHERE prefill_s IS NOT NULL AND critical_path_s > prefill_s * _t('recompute_margin');
+SELECT * FROM _recompute_cheaper_fitted;

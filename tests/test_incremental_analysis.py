@@ -220,3 +220,27 @@ def test_state_of_another_layout_is_recomputed_in_full(bundle, tmp_path, monkeyp
     monkeypatch.setattr(incremental, "STATE_VERSION", incremental.STATE_VERSION + 1)
     later = _check(job.store)
     assert later["full_run"] and later["state_version"] == incremental.STATE_VERSION
+
+
+def test_a_handoff_judged_by_the_fitted_link_follows_the_fit_when_new_reads_change_it(tmp_path):
+    """A request with no read of its own is judged by the link fitted from other reads: new
+    reads that change the fit change its finding, though they name no request of it."""
+    from test_link_fit import test_a_handoff_only_the_rings_measured_is_judged_by_their_fit as ring_store
+    from test_nixl_ring import read as ring_read
+    from test_nixl_ring import ring_bytes
+
+    ring_store(tmp_path)  # the store: a decode engine's ring (the fit) and one request without reads
+    store = tmp_path / "store"
+    first = analyze(Store(store).connect(), incremental=True)
+    (fitted,) = [f for f in first.findings if f["kind"] == "recompute_cheaper"]
+    # a later snapshot of the same agent's ring: ten more reads, each 20 ms slower than the first ten
+    agent = "9a1c3e5f-0b2d-4f6a-8c7e-1d3f5a7b9c0e"
+    (tmp_path / "late" / "rings").mkdir(parents=True)
+    events = [e for k in range(1, 11) for e in ring_read(50, 30_000 + k * 2_000_000 // 200, k * 2_000_000)]
+    (tmp_path / "late" / "rings" / agent).write_bytes(ring_bytes(events, capacity=64))
+    ingest([tmp_path / "late"], store, model="nemotron-nano-12b-v2")
+    later = _check(store)
+    assert not later["full_run"]
+    (refitted,) = [f for f in analyze(Store(store).connect()).findings if f["kind"] == "recompute_cheaper"]
+    assert refitted["evidence"]["fit_transfers_used"] == 20
+    assert refitted["evidence"]["critical_path_s"] > fitted["evidence"]["critical_path_s"]

@@ -225,3 +225,21 @@ def test_a_handoff_only_the_rings_measured_is_judged_by_their_fit(tmp_path):
     assert evidence["read_bytes"] == 27_123_712
     assert evidence["critical_path_s"] == pytest.approx(0.01 + 27_123_712 / 2e8)
     assert "by the link fitted from 10 reads" in finding["message"]
+
+
+def test_a_sample_is_the_same_in_any_scan_order_and_with_any_oversampling(monkeypatch):
+    """The sample is a group's reads of lowest hash: shuffling the reads changes nothing, and
+    a threshold that keeps fewer than a sample (the fallback reads the whole group) neither."""
+    from hybridtrace.analyze import link_fit
+
+    monkeypatch.setattr(link_fit, "MAX_FIT_READS", 60)
+    frame = pl.concat([
+        _trace_rows(reads(300, seed=1), engine_id="d", remote_engine_id="p", rank=0, link="rdma:mlx5_0"),
+        _trace_rows(reads(200, seed=2), engine_id="d", remote_engine_id="p", rank=1, link=None),
+    ], how="vertical_relaxed")  # fmt: skip
+    first = link_fit.link_fits_frame(_fits_connection(frame))
+    shuffled = link_fit.link_fits_frame(_fits_connection(frame.sample(fraction=1.0, shuffle=True, seed=9)))
+    monkeypatch.setattr(link_fit, "_OVERSAMPLE", 0.2)  # below one: every large group falls back
+    fallback = link_fit.link_fits_frame(_fits_connection(frame))
+    assert first.height == 5 and set(first["transfers_used"]) == {60}
+    assert first.equals(shuffled) and first.equals(fallback)

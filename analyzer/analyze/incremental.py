@@ -54,7 +54,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 1
+STATE_VERSION = 2
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -293,10 +293,14 @@ class IncrementalRun:
             if not self.full:
                 stack.enter_context(_cut_to_scope(con))
             stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
                 f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
             )
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
+            # the handoffs judged by the fitted link are not kept: the fits move with every
+            # read, so merged_views applies the current ones to the kept untimed rows
+            with _views_as(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
             con.execute(_SCOPE_DAYS)
             con.execute(_SCOPE_ROLLUPS)
         con.execute(_SCOPE_WINDOWS)
@@ -361,6 +365,13 @@ class IncrementalRun:
         """The views ``_analyze`` reads, pointed at the merged state where it holds them."""
         replacements = {view: f"SELECT {_COLUMNS} FROM _merged_findings WHERE rule = '{view}'"
                         for view in _STORED_VIEWS}  # fmt: skip
+        # the kept untimed handoffs, judged by the fits of now
+        fitted = f" UNION ALL SELECT {_COLUMNS} FROM _recompute_cheaper_fitted"
+        replacements["finding_recompute_cheaper"] += fitted
+        replacements["_untimed_handoffs"] = (
+            "SELECT engine_id, request_id, untimed_remote_engine_id AS remote_engine_id, missing_tokens, "
+            "measured_prefill_s, read_bytes FROM _merged_requests WHERE untimed"
+        )
         replacements.update({
             "_accounting_totals": _TOTALS,
             "_request_reads": "SELECT engine_id, request_id, slowest_rank, critical_path_s "
@@ -490,20 +501,30 @@ tx AS (
            coalesce(bool_or(status = 'expired' AND remote_engine_id IS NULL), false) AS expired_null_remote
     FROM transfers GROUP BY engine_id, request_id
 ),
-h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs)
--- every key with a read is in tx; a handoff has reads too
-SELECT tx.request_id, tx.engine_id, d.day,
+h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs),
+u AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, remote_engine_id, missing_tokens,
+           measured_prefill_s, read_bytes
+    FROM _scope_untimed
+),
+-- every key with a read is in tx (a handoff has reads too); an untimed handoff may have none
+keys AS (SELECT engine_id, request_id, k FROM tx UNION SELECT engine_id, request_id, k FROM u)
+SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
        h.k IS NOT NULL AS handoff, h.prefill_s,
        tx.failed_reads, tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
-       tx.expired_remotes, tx.expired_null_remote
-FROM tx
+       tx.expired_remotes, tx.expired_null_remote,
+       u.k IS NOT NULL AS untimed, u.remote_engine_id AS untimed_remote_engine_id, u.missing_tokens,
+       u.measured_prefill_s, u.read_bytes
+FROM keys
+LEFT JOIN tx USING (k)
 LEFT JOIN acc USING (k)
 LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
-LEFT JOIN _scope_days d ON d.request_id = tx.request_id
+LEFT JOIN u USING (k)
+LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.

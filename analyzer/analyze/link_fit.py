@@ -172,20 +172,81 @@ _GROUPS = {  # the keys each scope groups the reads by (those left out are null 
 }
 
 
-def _trace_reads(con) -> pl.DataFrame:
-    return pl.from_arrow(con.sql(
-        "SELECT engine_id, remote_engine_id, rank, link, xfer_s, transported_bytes AS bytes, descriptors "
-        "FROM transfers WHERE status = 'ok' AND xfer_s > 0"
-    ).to_arrow_table())  # fmt: skip
+# A read's identity for the sample: its values (two reads alike in all of them are
+# interchangeable), so that the same reads give the same sample in any scan order.
+_TRACE_READS = """
+SELECT engine_id, remote_engine_id, rank, link, xfer_s, transported_bytes AS bytes, descriptors,
+       hash(engine_id, remote_engine_id, rank, link, xfer_s, transported_bytes, descriptors) AS h
+FROM transfers WHERE status = 'ok' AND xfer_s > 0
+"""
+# a ring names neither the peer nor the route: an agent's fits are its engine's and rank's
+_RING_READS = """
+SELECT engine_id, CAST(NULL AS VARCHAR) AS remote_engine_id, rank, CAST(NULL AS VARCHAR) AS link,
+       xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes, CAST(NULL AS BIGINT) AS descriptors,
+       hash(engine_id, rank, xfer_us, transported_bytes) AS h
+FROM nixl_transfer_ranks WHERE xfer_us > 0
+"""
+# Reads kept per group before the exact cut to MAX_FIT_READS: the hash is uniform, so a group
+# of n reads keeps about OVERSAMPLE × MAX_FIT_READS of them below its threshold.
+_OVERSAMPLE = 3
+_HASH_SPACE = 1 << 64
 
 
-def _ring_reads(con) -> pl.DataFrame:
-    # a ring names neither the peer nor the route: an agent's fits are its engine's and rank's
-    return pl.from_arrow(con.sql(
-        "SELECT engine_id, CAST(NULL AS VARCHAR) AS remote_engine_id, rank, CAST(NULL AS VARCHAR) AS link, "
-        "xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes, CAST(NULL AS BIGINT) AS descriptors "
-        "FROM nixl_transfer_ranks WHERE xfer_us > 0"
-    ).to_arrow_table())  # fmt: skip
+def _in_scope(scope: str) -> pl.Expr:
+    """The reads a scope's groups are made of (those left out have no such group)."""
+    if scope == "link":
+        return pl.col("link").is_not_null()
+    if scope == "pair":
+        return pl.col("engine_id").is_not_null()  # an unmapped ring agent has no pair
+    if scope == "rank":
+        return pl.col("engine_id").is_not_null() & pl.col("rank").is_not_null()
+    return pl.lit(True)
+
+
+def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the group sizes of the finest grouping, the reads each group's sample can draw from).
+
+    A group's sample is its ``MAX_FIT_READS`` reads of lowest hash. Every read of a group
+    below the group's threshold is kept (its coarsest group's threshold is the lowest), so
+    the reads kept hold each group's sample whenever enough of them fall below it; the
+    caller checks that, group by group. Nothing of the millions of reads is sorted.
+    """
+    keys = list(_GROUPS["rank"])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _fit_reads AS {reads_sql}")
+    try:
+        finest = pl.from_arrow(
+            con.sql(f"SELECT {', '.join(keys)}, count(*) AS n FROM _fit_reads GROUP BY ALL").to_arrow_table()
+        )
+        if finest.height == 0:
+            return finest, pl.DataFrame()
+        # each finest group: the highest threshold of the groups it belongs to
+        limit = pl.lit(float(_OVERSAMPLE * MAX_FIT_READS))
+        thresholds = []
+        for scope, group_keys in _GROUPS.items():
+            sizes = finest.filter(_in_scope(scope))
+            size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
+            thresholds.append(
+                sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share"))
+            )
+        shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
+        cut = shares.with_columns(
+            pl.when(pl.col("share") >= 1.0)
+            .then(pl.lit(None, pl.UInt64))
+            .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
+            .alias("below")
+        ).drop("share")
+        con.register("_fit_cut", cut.to_arrow())
+        try:
+            kept = pl.from_arrow(con.sql(
+                "SELECT r.* FROM _fit_reads r JOIN _fit_cut c ON "
+                + " AND ".join(f"r.{k} IS NOT DISTINCT FROM c.{k}" for k in keys)
+                + " WHERE c.below IS NULL OR r.h < c.below"
+            ).to_arrow_table())  # fmt: skip
+        finally:
+            con.unregister("_fit_cut")
+        return finest, kept
+    finally:
+        con.execute("DROP TABLE IF EXISTS _fit_reads")
 
 
 def _bench_points(con) -> pl.DataFrame:
@@ -223,31 +284,44 @@ def link_fits_frame(con) -> pl.DataFrame:
     """Every fit the store's reads allow, one row per (scope, group): per decode rank of an
     engine pair and route, per pair, per named link, and fleet-wide.
 
-    One pass over ``transfers`` (the connector trace's successful timed reads); a store with
-    none falls back to NIXL's own ring transfers, as ``fit_from_store`` does, whose rows name
-    no peer and no link. Groups with fewer than ``MIN_TRANSFERS`` reads are not fitted;
-    larger ones than ``MAX_FIT_READS`` are fitted on a seeded sample of that many.
+    The connector trace's successful timed reads; a store with none falls back to NIXL's
+    own ring transfers, as ``fit_from_store`` does, whose rows name no peer and no link.
+    Groups with fewer than ``MIN_TRANSFERS`` reads are not fitted; larger ones than
+    ``MAX_FIT_READS`` are fitted on the sample of that many reads of lowest hash (the same
+    reads give the same sample and the same fit, and more reads only ever displace some).
     """
-    reads, source = _trace_reads(con), "trace"
-    if reads.height == 0:
-        reads, source = _ring_reads(con), "nixl"
+    finest, kept, source = *_sampled_reads(con, _TRACE_READS), "trace"
+    if finest.height == 0:
+        finest, kept, source = *_sampled_reads(con, _RING_READS), "nixl"
     rows: list[dict] = []
     for scope, keys in _GROUPS.items():
-        chosen = reads
-        if scope == "link":
-            chosen = reads.filter(pl.col("link").is_not_null())
-        elif scope != "fleet":
-            chosen = reads.filter(pl.col("engine_id").is_not_null())  # an unmapped ring agent has no pair
-        if scope == "rank":
-            chosen = chosen.filter(pl.col("rank").is_not_null())
+        if finest.height == 0:
+            break
+        sizes = finest.filter(_in_scope(scope))
+        # in key order: the fits come out in the same order whatever order the scan gave
+        sizes = (
+            sizes.group_by(list(keys)).agg(pl.col("n").sum()).sort(list(keys), nulls_last=True)
+            if keys
+            else sizes.select(pl.col("n").sum())
+        )
+        chosen = kept.filter(_in_scope(scope))
         groups = chosen.partition_by(list(keys), as_dict=True) if keys else {(): chosen}
-        for values, group in groups.items():
-            if group.height < MIN_TRANSFERS:
+        for size in sizes.iter_rows(named=True):
+            values = tuple(size[k] for k in keys)
+            reads_in_group = size["n"]
+            if reads_in_group < MIN_TRANSFERS:
                 continue
-            reads_in_group = group.height
+            group = groups.get(values, chosen.clear())
             if reads_in_group > MAX_FIT_READS:
-                # sorted first: the store's scan order is not fixed, and the same store must give the same fit
-                group = group.sort("bytes", "xfer_s", "descriptors").sample(MAX_FIT_READS, seed=0)
+                # the group's own threshold (as _sampled_reads computes it): its sample is the
+                # lowest of the reads below it, when at least a sample's worth fell there
+                share = _OVERSAMPLE * MAX_FIT_READS / reads_in_group
+                below = group.filter(pl.col("h") < int(share * _HASH_SPACE)) if share < 1.0 else group
+                if below.height < MAX_FIT_READS:
+                    group = _whole_group(con, source, dict(zip(keys, values, strict=True)))
+                group = group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
+            else:
+                group = group.sort("h", "xfer_s", "bytes", "descriptors")
             # a read without a descriptor count would drop out of a fit with the term: leave it out
             counted = group["descriptors"].null_count() == 0
             fit = fit_link(group, descriptors="descriptors" if counted else None)
@@ -264,6 +338,15 @@ def link_fits_frame(con) -> pl.DataFrame:
             })  # fmt: skip
     rows += _bench_fits(con)
     return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
+
+
+def _whole_group(con, source: str, values: dict) -> pl.DataFrame:
+    """Every read of one group: where its threshold kept fewer than the sample needs."""
+    where = " AND ".join(f"{k} IS NOT DISTINCT FROM ?" for k in values) or "true"
+    reads_sql = _TRACE_READS if source == "trace" else _RING_READS
+    return pl.from_arrow(
+        con.sql(f"SELECT * FROM ({reads_sql}) WHERE {where}", params=list(values.values())).to_arrow_table()
+    )
 
 
 def refresh_link_fits(con) -> int:
