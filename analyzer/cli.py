@@ -30,7 +30,9 @@ from hybridtrace.output import OutputFormat, to_json
 from hybridtrace.units import format_bytes, parse_bytes, parse_duration, parse_int_list, parse_rate
 
 if TYPE_CHECKING:
+    from hybridtrace.spark.analysis import SparkScope
     from hybridtrace.spark.ingest import SparkReader
+    from hybridtrace.spark.session import SparkOptions
 
 app = typer.Typer(
     name="hybridtrace",
@@ -197,17 +199,16 @@ StoreOption = Annotated[
 ]
 
 
-def _ingest_engine(
+def _spark_engine(
     engine: str, master: str | None, remote: str | None, conf: list[str]
-) -> SparkReader | None:
-    """The ``read_objects`` of ``--engine spark`` (None for local, the default)."""
+) -> SparkOptions | None:
+    """The Spark settings of ``--engine spark`` (None for local, the default)."""
     if engine == "local":
         if master or remote or conf:
             raise UsageError("--spark-master, --spark-remote and --spark-conf go with --engine spark")
         return None
     if engine != "spark":
         raise UsageError(f"--engine {engine}: give local or spark")
-    from hybridtrace.spark.ingest import SparkReader
     from hybridtrace.spark.session import spark_options
 
     settings = {}
@@ -216,7 +217,45 @@ def _ingest_engine(
         if not sep or not key.strip():
             raise UsageError(f"--spark-conf {item}: give KEY=VALUE")
         settings[key.strip()] = value.strip()
-    return SparkReader(spark_options(master, remote, settings))
+    return spark_options(master, remote, settings)
+
+
+def _ingest_engine(
+    engine: str, master: str | None, remote: str | None, conf: list[str]
+) -> SparkReader | None:
+    """The ``read_objects`` of ``--engine spark`` (None for local, the default)."""
+    options = _spark_engine(engine, master, remote, conf)
+    if options is None:
+        return None
+    from hybridtrace.spark.ingest import SparkReader
+
+    return SparkReader(options)
+
+
+def _analysis_engine(
+    engine: str, master: str | None, remote: str | None, conf: list[str]
+) -> SparkScope | None:
+    """The analysis' ``scope`` for ``--engine spark`` (None for local, the default)."""
+    options = _spark_engine(engine, master, remote, conf)
+    if options is None:
+        return None
+    from hybridtrace.spark.analysis import SparkScope
+
+    return SparkScope(options)
+
+
+EngineOption = Annotated[
+    str, typer.Option(help="Where the request-scope rules run: local (this process) or spark (executors).")
+]
+SparkMasterOption = Annotated[
+    str | None, typer.Option(help="Spark master for --engine spark: local[2], spark://…, yarn, k8s://…")
+]
+SparkRemoteOption = Annotated[
+    str | None, typer.Option(help="Spark Connect server for --engine spark: sc://host:15002.")
+]
+SparkConfOption = Annotated[
+    list[str] | None, typer.Option(help="A spark.* setting for --engine spark, KEY=VALUE (repeatable).")
+]
 
 
 @app.command("ingest")
@@ -352,6 +391,10 @@ def analyze_command(
     full: Annotated[
         bool, typer.Option("--full", help="Recompute every finding instead of only what new batches touch.")
     ] = False,
+    engine: EngineOption = "local",
+    spark_master: SparkMasterOption = None,
+    spark_remote: SparkRemoteOption = None,
+    spark_conf: SparkConfOption = None,
 ) -> None:
     """Run the finding rules over the store and print the findings."""
     from hybridtrace.analyze import analyze
@@ -365,8 +408,9 @@ def analyze_command(
     # an empty --fail-on is refused, as `run` refuses it: a script's empty $KINDS must not
     # turn alerting off without a word
     kinds = parse_kinds(fail_on, "--fail-on") if fail_on is not None else set()
+    scope = _analysis_engine(engine, spark_master, spark_remote, spark_conf or [])
     result = analyze(open_analysis(store or default_store(), config=config), config=config, incremental=True,
-                     full=full)
+                     full=full, scope=scope)  # fmt: skip
     if fmt is OutputFormat.json:
         typer.echo(to_json(result.as_dict()))
     elif fmt is OutputFormat.csv:
@@ -397,6 +441,10 @@ def report_command(
         str | None,
         typer.Option(help="hybridtrace.toml with a \\[thresholds] table (default: ./hybridtrace.toml)."),
     ] = None,
+    engine: EngineOption = "local",
+    spark_master: SparkMasterOption = None,
+    spark_remote: SparkRemoteOption = None,
+    spark_conf: SparkConfOption = None,
 ) -> None:
     """One self-contained HTML page (charts, findings, engines), or a Markdown summary."""
     from hybridtrace.report import collect, render_markdown, write_report
@@ -408,13 +456,14 @@ def report_command(
     if html and fmt == "md":
         raise UsageError("--html and --format md ask for two different reports: pick one")
     root = store or default_store()
+    if out == "-" and fmt != "md":
+        raise UsageError("--out - prints the Markdown summary only (add --format md)")
+    scope = _analysis_engine(engine, spark_master, spark_remote, spark_conf or [])
     if out == "-":
-        if fmt != "md":
-            raise UsageError("--out - prints the Markdown summary only (add --format md)")
         con = open_analysis(root, config=config)
-        typer.echo(render_markdown(collect(con, store=str(root), config=config)), nl=False)
+        typer.echo(render_markdown(collect(con, store=str(root), config=config, scope=scope)), nl=False)
         return
-    path, data = write_report(root, out or f"report.{fmt}", fmt=fmt, config=config)
+    path, data = write_report(root, out or f"report.{fmt}", fmt=fmt, config=config, scope=scope)
     size = path.stat().st_size
     typer.echo(
         f"{path} ({format_bytes(size)}): {data.counts['findings']:,} findings over "
@@ -431,6 +480,14 @@ def run_command(
         str | None,
         typer.Option(help="Kinds that make the run exit 1 (comma-separated, or 'any'); overrides the job's."),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="local or spark: where objects are parsed and the request-scope rules run "
+                          "(default: spark when the job has a [spark] table)."),
+    ] = None,
+    spark_master: SparkMasterOption = None,
+    spark_remote: SparkRemoteOption = None,
+    spark_conf: SparkConfOption = None,
 ) -> None:
     """The scheduled job: ingest what is new, analyze, publish the report, exit by the alert policy.
 
@@ -448,6 +505,7 @@ def run_command(
         job = load_job(config)
         if fail_on is not None:
             job.fail_on = parse_kinds(fail_on, "--fail-on")
+        job.spark = _job_engine(job.spark, engine, spark_master, spark_remote, spark_conf or [])
         code, summary = run_job(job)
     except Exception as exc:  # the scheduler gets its one line whatever went wrong
         if _state["debug"]:
@@ -460,6 +518,25 @@ def run_command(
         raise typer.Exit(2) from None
     typer.echo(json.dumps(summary, separators=(",", ":"), default=str))
     raise typer.Exit(code)
+
+
+def _job_engine(
+    spark: SparkOptions | None, engine: str | None, master: str | None, remote: str | None, conf: list[str]
+) -> SparkOptions | None:
+    """The job's Spark settings after ``run``'s options: ``--engine`` chooses, the options add
+    to (or, for the master and remote, replace) the job's ``[spark]`` table."""
+    if engine is None:
+        engine = "spark" if spark is not None or master or remote or conf else "local"
+    given = _spark_engine(engine, master, remote, conf)
+    if given is None:
+        return None
+    if spark is None:
+        return given
+    from hybridtrace.spark.session import spark_options
+
+    # a master or remote given here replaces the job's (either one)
+    master, remote = (master, remote) if master or remote else (spark.master, spark.remote)
+    return spark_options(master, remote, {**spark.conf, **given.conf})
 
 
 @app.command("explain")

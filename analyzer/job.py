@@ -30,7 +30,7 @@ The job file::
     [thresholds]                                       # optional, as in hybridtrace.toml
     slow_rank_ratio = 0.6
 
-    [spark]                                            # optional: ingest on Spark (docs/spark.md)
+    [spark]                                            # optional: ingest, analysis on Spark (docs/spark.md)
     master = "yarn"                                    # or remote = "sc://host:15002"; neither:
     spark.executor.memory = "4g"                       # spark-submit's session
 """
@@ -75,7 +75,7 @@ class JobConfig:
     max_run_s: float = 3600.0
     thresholds_file: str | None = None  # the job file itself, when it has [thresholds]
     verify: VerifyStep | None = None  # [verify]: compare outputs with a control before the analysis
-    spark: SparkOptions | None = None  # [spark]: objects parsed on Spark executors (--engine spark)
+    spark: SparkOptions | None = None  # [spark]: ingest and request-scope rules on Spark (--engine spark)
 
 
 _KEYS = {
@@ -228,8 +228,13 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
             if config.verify is not None:
                 # after the ingest, before the analysis: the report sees this run's comparisons
                 summary["verify"] = run_verify_step(config.verify)
+            scope = None
+            if config.spark is not None:  # the request-scope rules on Spark too
+                from hybridtrace.spark.analysis import SparkScope
+
+                scope = SparkScope(config.spark)
             con = open_analysis(config.store, config=config.thresholds_file)
-            data = collect(con, store=config.store, config=config.thresholds_file)
+            data = collect(con, store=config.store, config=config.thresholds_file, scope=scope)
             by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
             summary["findings"] = data.counts["findings"]
             summary["by_kind"] = by_kind

@@ -1,4 +1,4 @@
-"""Ingest on Spark against a local ingest of the same data, and what 1 TB a day would need.
+"""Ingest and analysis on Spark against local ones of the same data, and what 1 TB a day would need.
 
     python benchmarks/scale.py [--requests 20000] [--engines 4] [--dir /tmp/ht-scale]
 
@@ -10,7 +10,11 @@ then ingests it into a fresh store three times, each in its own process:
 - ``--engine spark`` on ``local[1]`` (one executor core);
 - ``--engine spark`` on ``local[2]`` (two).
 
-Spark's start (JVM, session, the first Python workers) is timed apart from the ingest, since
+Then it analyses the local ingest's store (a full analysis that writes the incremental
+state, as ``analyze --full`` does) the same three ways, each on its own copy of the store,
+and prints each analysis' time as a ratio to the local one's.
+
+Spark's start (JVM, session, the first Python workers) is timed apart from the work, since
 a cluster pays it once per job, not per object. It prints each ingest's MB/s and its time
 as a ratio to the local ingest's, then an estimate, from the per-core rate measured, of the
 executor cores that 1 TB/day of such input needs. These machines are noisy and shared:
@@ -55,6 +59,31 @@ def _ingest_code(bundle: Path, store: Path, master: str | None) -> str:
         f"summary = ingest([{str(bundle)!r}], {str(store)!r}, read_objects={reader})",
         "assert summary.errors == 0, summary.error_messages",
         "print(time.perf_counter() - t0)",
+    ]
+    return "\n".join(lines)
+
+
+def _analyze_code(store: Path, master: str | None) -> str:
+    """Code that prints the analysis' own seconds (Spark's start and warm-up timed before it)."""
+    lines = ["from hybridtrace.analyze import analyze"]
+    lines += ["from hybridtrace.store.analysis import open_analysis"]
+    scope = "None"
+    if master is not None:
+        lines += [
+            "from hybridtrace.spark.analysis import SparkScope",
+            "from hybridtrace.spark.session import open_session, spark_options",
+            f"scope = SparkScope(session=open_session(spark_options(master={master!r})))",
+            "def warm(batches):",
+            "    import hybridtrace.spark.analysis, hybridtrace.queries_loader, duckdb",
+            "    yield from batches",
+            "n = scope.session.sparkContext.defaultParallelism",
+            "scope.session.range(0, n, 1, n).mapInArrow(warm, 'id long').collect()",
+        ]
+        scope = "scope"
+    lines += [
+        "t0 = time.perf_counter()",
+        f"result = analyze(open_analysis({str(store)!r}), incremental=True, full=True, scope={scope})",
+        "print(time.perf_counter() - t0, len(result))",
     ]
     return "\n".join(lines)
 
@@ -105,6 +134,21 @@ def main() -> None:
         f"the driver commits serially: the local ingest's {mb / base:.1f} MB/s (parse and commit on one "
         "core) bounds from below what one driver commits; past that, split the inputs over stores"
     )
+
+    analyses = {}
+    ingested = args.dir / "store-local"
+    for name, master in (("local", None), ("spark local[1]", "local[1]"), ("spark local[2]", "local[2]")):
+        store = args.dir / f"analyze-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
+        shutil.copytree(ingested, store)
+        total, rss, line = run_timed(_analyze_code(store, master))
+        seconds, findings = float(line.split()[0]), int(line.split()[1])
+        analyses[name] = seconds
+        start = f", Spark start {total - seconds:.1f} s" if master else ""
+        memory = f"peak RSS {rss / 2**20:6.0f} MiB"
+        print(f"analyze {name:16} {seconds:7.2f} s  {findings} findings  {memory}{start}")
+    for name, seconds in analyses.items():
+        print(f"ratio analyze {name:16} {seconds / analyses['local']:5.2f}× the local analysis' time")
+    print(f"two cores analyse {analyses['spark local[1]'] / analyses['spark local[2]']:.2f}× as fast as one")
 
 
 if __name__ == "__main__":

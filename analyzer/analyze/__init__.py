@@ -9,9 +9,10 @@ verdicts live in SQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -20,6 +21,9 @@ from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
+
+if TYPE_CHECKING:
+    from hybridtrace.analyze.incremental import IncrementalRun
 
 __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
@@ -140,20 +144,26 @@ def analyze(
     config: str | None = None,
     incremental: bool = False,
     full: bool = False,
+    scope: Callable[[IncrementalRun], None] | None = None,
 ) -> Analysis:
     """Run every finding rule over the store behind ``con``.
 
     ``incremental`` keeps findings and rollups in the store and recomputes only what new
     batches touch (``incremental.py``); ``full`` with it recomputes and rewrites everything.
-    The result is the same either way.
+    ``scope`` computes the request-scope part elsewhere (on Spark: ``hybridtrace.spark.analysis``);
+    without ``incremental`` that is a full run that writes no state. The result is the same
+    every way.
     """
     install_thresholds(con, load_thresholds(config))
-    if incremental:
+    if incremental or scope is not None:
         from hybridtrace.analyze.incremental import incremental_views, store_of
 
         store = store_of(con)
         if store is not None:
-            with incremental_views(con, store, full=full), materialized(con, ("intervals", "interval_bytes")):
+            with (
+                incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
+                materialized(con, ("intervals", "interval_bytes")),
+            ):
                 return _analyze(con)
     with materialized(con, ANALYSIS_VIEWS):
         return _analyze(con)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -281,29 +281,18 @@ class IncrementalRun:
 
     # --- computing the scope ---------------------------------------------------------
 
-    def compute(self) -> None:
-        """The scope's findings, rollups and windows; then the state merged with them."""
-        from hybridtrace.analyze import materialized
+    def compute(self, scope: Callable[[IncrementalRun], None] | None = None) -> None:
+        """The scope's findings, rollups and windows; then the state merged with them.
 
+        ``scope`` computes the scope tables in place of ``compute_scope`` (the analysis on
+        Spark, ``hybridtrace.spark.analysis``: on executors, a partition each); it leaves the
+        same four tables on this connection.
+        """
         con = self.con
-        # a join key for (engine, request) in which a null matches a null, for hash joins
-        con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
-                    "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
-        with ExitStack() as stack:
-            if not self.full:
-                stack.enter_context(_cut_to_scope(con))
-            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
-            con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
-            union = " UNION ALL BY NAME ".join(
-                f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
-            )
-            # the handoffs judged by the fitted link are not kept: the fits move with every
-            # read, so merged_views applies the current ones to the kept untimed rows
-            with _views_as(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
-                con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
-            con.execute(_SCOPE_DAYS)
-            con.execute(_SCOPE_ROLLUPS)
-        con.execute(_SCOPE_WINDOWS)
+        if scope is None:
+            self.compute_scope()
+        else:
+            scope(self)
         full_seq = (
             0
             if self.full
@@ -357,6 +346,36 @@ class IncrementalRun:
             UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
             """
         )
+
+    def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
+        """``_scope_findings``, ``_scope_days``, ``_scope_rollups`` and (with ``windows``)
+        ``_scope_window_rows`` for ``_scope_ids`` and ``_scope_windows`` on this connection.
+
+        ``cut`` (default: unless a full run) reads only the scope's request ids' rows, and
+        those that name no request.
+        """
+        from hybridtrace.analyze import materialized
+
+        con = self.con
+        # a join key for (engine, request) in which a null matches a null, for hash joins
+        con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
+                    "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
+        with ExitStack() as stack:
+            if (not self.full) if cut is None else cut:
+                stack.enter_context(_cut_to_scope(con))
+            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
+            union = " UNION ALL BY NAME ".join(
+                f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
+            )
+            # the handoffs judged by the fitted link are not kept: the fits move with every
+            # read, so merged_views applies the current ones to the kept untimed rows
+            with _views_as(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
+            con.execute(_SCOPE_DAYS)
+            con.execute(_SCOPE_ROLLUPS)
+        if windows:
+            con.execute(_SCOPE_WINDOWS)
 
     # --- the analysis on the merged state ---------------------------------------------
 
@@ -596,13 +615,21 @@ FROM per_rank a
 
 @contextmanager
 def incremental_views(
-    con: duckdb.DuckDBPyConnection, store: Store, *, full: bool
+    con: duckdb.DuckDBPyConnection,
+    store: Store,
+    *,
+    full: bool,
+    scope: Callable[[IncrementalRun], None] | None = None,
+    write: bool = True,
 ) -> Iterator[IncrementalRun]:
-    """Plan, compute and commit an incremental run; inside, the views read the merged state."""
+    """Plan, compute and commit an incremental run; inside, the views read the merged state.
+
+    ``scope`` as ``IncrementalRun.compute`` takes it; ``write=False`` commits no state.
+    """
     run = IncrementalRun(con, store, full=full)
     run.plan()
-    run.compute()
-    written = run.write()
+    run.compute(scope)
+    written = run.write() if write else False
     with run.merged_views():
         yield run
     run.counts["written"] = int(written)

@@ -7,6 +7,7 @@ a finding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridtrace.errors import UsageError
@@ -17,7 +18,12 @@ __all__ = ["ReportData", "collect", "render_html", "render_markdown", "write_rep
 
 
 def write_report(
-    store: str | Path, out: str | Path, *, fmt: str = "html", config: str | None = None
+    store: str | Path,
+    out: str | Path,
+    *,
+    fmt: str = "html",
+    config: str | None = None,
+    scope: Callable | None = None,
 ) -> tuple[Path, ReportData]:
     """Analyse the store at ``store`` and write the report to ``out``; returns its path and data."""
     from hybridtrace.store.analysis import open_analysis
@@ -27,7 +33,7 @@ def write_report(
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"{path}: is a folder; --out names the report file")
-    data = collect(con, store=str(store), config=config)
+    data = collect(con, store=str(store), config=config, scope=scope)
     text = render_html(data) if fmt == "html" else render_markdown(data)
     publish_text(text, path)  # a reader never sees half a report
     return path, data

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -81,10 +82,15 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return con.execute(sql).fetchall()[0][0] or 0
 
 
-def collect(con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None) -> ReportData:
-    """Analyse the store behind ``con`` (from ``open_analysis``) and gather every section of the report."""
+def collect(
+    con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None, scope: Callable | None = None
+) -> ReportData:
+    """Analyse the store behind ``con`` (from ``open_analysis``) and gather every section of the report.
+
+    ``scope`` as ``analyze`` takes it: the request-scope rules computed on Spark.
+    """
     with materialized(con):  # the analysis and the report views share one computation
-        analysis = analyze(con, config=config)
+        analysis = analyze(con, config=config, scope=scope)
         # the thresholds the rules just read (the analysis installs those of ``config``)
         thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
         data = ReportData(

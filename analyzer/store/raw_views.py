@@ -12,6 +12,7 @@ newest settings, ``engine_settings.py``). Sizing engines, thresholds and the SQL
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hybridtrace.errors import StoreDamagedError
@@ -31,17 +32,24 @@ if TYPE_CHECKING:
 CUT_RECORD = "not valid JSON: last record cut short (no newline after it)"
 
 
-def raw_connection(store: Store) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per table (committed data only)."""
+def raw_connection(
+    store: Store, files_of: Mapping[str, list[str]] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per table (committed data only).
+
+    ``files_of`` gives, for every table, the committed files to read instead of listing the
+    store: a part of it (a Spark executor's partition, ``hybridtrace.spark.analysis``),
+    listed and checked whole by whoever cut it, so it is not checked against the manifest.
+    """
     import duckdb  # here: ingest reads the store without DuckDB when nothing changed
 
     store.check_version()
     con = duckdb.connect(":memory:")
-    batches = store.committed_batches()
+    batches = store.committed_batches() if files_of is None else set()
     without_files = []
     for name in TABLES:
         schema = table_schema(name)
-        files = store.committed_files(name, batches)
+        files = store.committed_files(name, batches) if files_of is None else list(files_of.get(name, ()))
         if not files:
             without_files.append(name)
         if files:
@@ -53,7 +61,8 @@ def raw_connection(store: Store) -> duckdb.DuckDBPyConnection:
             con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS SELECT {columns} FROM {source}")
         else:
             con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
-    _check_files_kept(con, store, without_files)
+    if files_of is None:
+        _check_files_kept(con, store, without_files)
     _one_record_per_request(con)
     _cut_records_read_whole(con)
     install_instance_folders(con)
