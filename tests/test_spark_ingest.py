@@ -72,7 +72,10 @@ def s3():
 def spark(s3):
     from hybridtrace.spark.session import open_session, spark_options
 
-    session = open_session(spark_options(master="local[2]", conf={"spark.sql.shuffle.partitions": 2}))
+    # the bucket's settings for the executors as spark.executorEnv: an earlier module's JVM,
+    # still running in this process, holds the environment of that module's server
+    conf = {"spark.sql.shuffle.partitions": 2, **{f"spark.executorEnv.{k}": v for k, v in s3.env.items()}}
+    session = open_session(spark_options(master="local[2]", conf=conf))
     yield session
     session.stop()
 

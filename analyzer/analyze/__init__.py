@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from itertools import count as _counter
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -66,6 +66,7 @@ _ORDER_BY = (
     "coalesce(remote_engine_id, ''), message, evidence"
 )
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
+_RESULTS = _counter(1)  # names the findings tables of the analyses of one process
 
 
 @contextmanager
@@ -108,14 +109,48 @@ def _reading(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> Iterator[No
         con.execute(original.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
 
 
-@dataclass
 class Analysis:
-    """Findings (an Arrow table, sorted by severity), the inputs counted and the summary."""
+    """Findings (an Arrow table, sorted by severity), the inputs counted and the summary.
 
-    table: pa.Table
-    inputs: dict[str, int]
-    summary: dict = field(default_factory=dict)
-    _rows: list[dict] | None = field(default=None, repr=False)
+    The findings can be given as a table, or left in the connection as a temporary table
+    that is sorted only when all of it is asked for: the text output shows the first
+    findings of hundreds of thousands, and the first few come out of a top-k, not a sort.
+    """
+
+    def __init__(
+        self,
+        table: pa.Table | None,
+        inputs: dict[str, int],
+        summary: dict | None = None,
+        *,
+        source: tuple[duckdb.DuckDBPyConnection, str] | None = None,
+    ) -> None:
+        if (table is None) == (source is None):
+            raise ValueError("an Analysis takes its findings as a table or as a source, one of the two")
+        self._table = table
+        self._source = source  # (connection, temporary table of the unsorted findings)
+        self.inputs = inputs
+        self.summary = summary if summary is not None else {}
+        self._rows: list[dict] | None = None
+
+    def __repr__(self) -> str:
+        return f"Analysis({len(self)} findings, inputs={self.inputs!r})"
+
+    @property
+    def table(self) -> pa.Table:
+        """Every finding, in the order ``analyze --format json`` lists them."""
+        if self._table is None:
+            self._table = self._sorted()
+            con, name = self._source  # type: ignore[misc]
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+            self._source = None
+        return self._table
+
+    def _sorted(self, limit: int | None = None) -> pa.Table:
+        con, name = self._source  # type: ignore[misc]
+        cut = f" LIMIT {int(limit)}" if limit is not None else ""
+        got = con.sql(f"SELECT {_COLUMNS} FROM {name} ORDER BY {_ORDER_BY}{cut}").arrow()
+        return got.read_all() if isinstance(got, pa.RecordBatchReader) else got
 
     @property
     def findings(self) -> list[dict]:
@@ -125,14 +160,17 @@ class Analysis:
         return self._rows
 
     def rows(self, limit: int | None = None) -> list[dict]:
-        table = self.table if limit is None else self.table.slice(0, limit)
+        if self._table is None and limit is not None:
+            table = self._sorted(limit)
+        else:
+            table = self.table if limit is None else self.table.slice(0, limit)
         rows = table.to_pylist()
         for row in rows:
             row["evidence"] = json.loads(row["evidence"]) if row["evidence"] else {}
         return rows
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return self._table.num_rows if self._table is not None else self.summary["findings"]
 
     def as_dict(self) -> dict:
         return {"findings": self.findings, "inputs": self.inputs, "summary": self.summary}
@@ -190,7 +228,6 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
             con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
                         f"FROM {rule.view}")  # fmt: skip
     views += [rule.view for rule in _LATER_RULES]
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM _findings ORDER BY {_ORDER_BY}")
     per_view = dict.fromkeys(views, 0)
     per_view.update(con.sql("SELECT rule, count(*) FROM _findings GROUP BY rule").fetchall())
     by_kind = dict.fromkeys(_COUNTED_KINDS, 0)
@@ -201,10 +238,11 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
             "ORDER BY CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
         ).fetchall()
     )
-    table = con.sql(f"SELECT {_COLUMNS} FROM _findings").arrow()
-    if isinstance(table, pa.RecordBatchReader):
-        table = table.read_all()
-    con.execute("DROP TABLE _findings")
+    # the findings stay where they are, under a name of their own (a second analysis on the
+    # connection must not replace the first's): Analysis sorts them when they are read
+    kept = f"_findings_{next(_RESULTS)}"
+    con.execute(f"ALTER TABLE _findings RENAME TO {kept}")
+    count = scalar(f"SELECT count(*) FROM {kept}")
     rules = {
         rule.name: {"inputs": scalar(rule.inputs), "findings": per_view[rule.view], "kinds": list(rule.kinds)}
         for rule in RULES
@@ -214,7 +252,7 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         "FROM _accounting_totals"
     ).fetchall()[0]
     summary = {
-        "findings": table.num_rows,
+        "findings": count,
         "findings_by_kind": by_kind,
         "findings_by_severity": severities,
         "logical_bytes": logical,
@@ -232,4 +270,4 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         "rules": rules,
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
-    return Analysis(table, inputs, summary)
+    return Analysis(None, inputs, summary, source=(con, kept))
