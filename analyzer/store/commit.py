@@ -66,28 +66,33 @@ def _partition_dir(value: object) -> str:
 
     Engine ids can hold any character, so names are quoted (safe and reversible); a null is
     Hive's ``__HIVE_DEFAULT_PARTITION__``, which Hive, Spark, Trino and Athena read as null.
-    The one string that would read as that name is quoted apart (its first underscore).
+    The strings that would read as that name, or as an old null ("None", see
+    ``legacy_partition``), get their first character quoted, so every name says one thing.
     """
     if value is None:
         return HIVE_NULL
     text = quote(str(value), safe="")
-    return "%5F" + text[1:] if text == HIVE_NULL else text
+    return f"%{ord(text[0]):02X}{text[1:]}" if text in (HIVE_NULL, "None") else text
 
 
 def legacy_partition(rel: str) -> bool:
     """Whether a file lies under a ``<column>=None`` directory, how older versions wrote a null.
 
-    Such a directory may also hold a string that reads "None" (the old names could not tell
-    the two apart); the files' own partition columns do, and ``migrate`` rewrites by them.
+    Such a directory may also hold the string "None" (the old names could not tell the two
+    apart); the files' own partition columns do, and ``migrate`` rewrites by them. A
+    directory of this version never ends so: the string is written ``%4Eone``.
     """
     return any(part.endswith("=None") for part in rel.split("/")[1:-1])
 
 
 def canonical_directory(directory: str) -> str:
-    """A partition directory with an old ``=None`` null spelled as Hive's (for matching)."""
-    parts = directory.split("/")
-    named = (p[: -len("None")] + HIVE_NULL if i and p.endswith("=None") else p for i, p in enumerate(parts))
-    return "/".join(named)
+    """A partition directory, with the names an old null could have (``None``, now either
+    Hive's null or the string "None") made one, for finding the files a key may be in."""
+    out = []
+    for i, part in enumerate(directory.split("/")):
+        column, _, value = part.partition("=")
+        out.append(f"{column}=\0" if i and value in ("None", HIVE_NULL, "%4Eone") else part)
+    return "/".join(out)
 
 
 class Store:
