@@ -51,7 +51,18 @@ ingest([sys.argv[1]], sys.argv[2])
 def view_counts(root: Path | str) -> dict[str, int]:
     """Rows of each table as hybridtrace's views read them (every committed record)."""
     con = Store(root).connect(with_queries=False)
-    return {t: con.sql(f"SELECT count(*) FROM {_raw_view(table_schema(t).view)}").fetchall()[0][0] for t in TABLES}
+    return {t: _count(con, _raw_view(table_schema(t).view)) for t in TABLES}
+
+
+def _count(con, source: str) -> int:
+    return con.sql(f"SELECT count(*) FROM {source}").fetchall()[0][0]
+
+
+def _count_files(files: list) -> int:
+    import duckdb
+
+    listing = ", ".join(f"'{f}'" for f in files)
+    return _count(duckdb.connect(), f"read_parquet([{listing}])") if files else 0
 
 
 def iceberg_counts(root: Path | str) -> dict[str, int]:
@@ -64,27 +75,22 @@ def iceberg_counts(root: Path | str) -> dict[str, int]:
 
 def snapshot_counts(root: Path | str) -> dict[str, int]:
     """Rows of the files each Iceberg table's current snapshot lists, read by DuckDB."""
-    import duckdb
 
     from hybridtrace.store import iceberg
 
     out = {}
     for table in TABLES:
         files = [f.removeprefix("file://") for f in iceberg.snapshot_files(Store(root), table)]
-        listing = ", ".join(f"'{f}'" for f in files)
-        out[table] = duckdb.sql(f"SELECT count(*) FROM read_parquet([{listing}])").fetchall()[0][0] if files else 0
+        out[table] = _count_files(files)
     return out
 
 
 def folder_counts(root: Path) -> dict[str, int]:
     """What a plain reader of the table folders counts: every Parquet file there."""
-    import duckdb
 
     out = {}
     for table in TABLES:
-        files = [p for p in (root / table).rglob("part-*.parquet")]
-        listing = ", ".join(f"'{p}'" for p in files)
-        out[table] = duckdb.sql(f"SELECT count(*) FROM read_parquet([{listing}])").fetchall()[0][0] if files else 0
+        out[table] = _count_files(list((root / table).rglob("part-*.parquet")))
     return out
 
 
@@ -114,7 +120,7 @@ def _enabled_store(tmp_path: Path) -> Path:
 
 
 def _null_rows() -> pa.Table:
-    """Three reads: two with no time (a null day), one of them with no engine, one of an engine named "None"."""
+    """Three reads: two with no time (a null day), one of them of no engine, one of an engine "None"."""
     schema = table_schema("transfers")
     rows = [
         {"ts": None, "request_id": "a", "engine_id": None, "rank": 0, "status": "ok", "line_number": 1},
@@ -132,7 +138,8 @@ def _write(root: Path, data: pa.Table) -> None:
     store = Store(root)
     store.init()
     with store.writer_lock():
-        store.write_batch(commit.new_batch_id(), {"transfers": data}, table_schema("sources").arrow_schema().empty_table())
+        no_sources = table_schema("sources").arrow_schema().empty_table()
+        store.write_batch(commit.new_batch_id(), {"transfers": data}, no_sources)
 
 
 def _rows(root: Path) -> list[tuple]:
@@ -231,10 +238,9 @@ def test_a_killed_migration_leaves_every_row_once(old_store, monkeypatch, crash_
 
     monkeypatch.setattr(store.files, "write_parquet", write)
     monkeypatch.setattr(store.files, "delete", delete)
-    with pytest.raises(OSError):
-        with store.writer_lock():
-            store.migrate()
-            store.recover()
+    with pytest.raises(OSError), store.writer_lock():
+        store.migrate()
+        store.recover()
     assert _rows(old_store) == before  # readable, every row once
     monkeypatch.setattr(store.files, "write_parquet", original_write)
     monkeypatch.setattr(store.files, "delete", original_delete)
