@@ -15,6 +15,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -23,7 +24,7 @@ import pytest
 
 import hybridtrace.ingest.run as ingest_run
 import hybridtrace.store.commit as commit
-from hybridtrace.errors import StoreWriteError
+from hybridtrace.errors import StoreWriteError, UsageError
 from hybridtrace.ingest.run import ingest
 from hybridtrace.schema import TABLES, table_schema
 from hybridtrace.simulate import SimOptions, simulate
@@ -348,3 +349,77 @@ def test_the_ci_spark_tier_runs_the_external_read_tests():
     ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
     assert "tests/test_iceberg_spark.py" in ci and "iceberg" in ci
     assert os.path.exists(Path(__file__).with_name("test_iceberg_spark.py"))
+
+
+# --- a store in a bucket (the loopback S3 server) ------------------------------------------
+
+KILLED_BUCKET_INGEST = KILLED_INGEST.replace("roots.LocalRoot", "roots.BucketRoot")
+
+
+def _bucket_snapshot_counts(uri: str) -> dict[str, int]:
+    """Rows of the files each Iceberg table's snapshot lists, read from the bucket by pyarrow."""
+    import pyarrow.parquet as pq
+
+    from hybridtrace.store import iceberg
+
+    store = Store(uri)
+    fs = store.files.fs
+    out = {}
+    for table in TABLES:
+        files = iceberg.snapshot_files(store, table)
+        assert all(f.startswith("s3://telemetry/store/") for f in files)
+        out[table] = sum(pq.read_metadata(f.removeprefix("s3://"), filesystem=fs).num_rows for f in files)
+    return out
+
+
+def _bucket_folder_counts(uri: str) -> dict[str, int]:
+    import pyarrow.parquet as pq
+
+    store = Store(uri)
+    def rows(rel: str) -> int:
+        return pq.read_metadata(store.files.full(rel), filesystem=store.files.fs).num_rows
+
+    return {t: sum(rows(f) for f in store._files(t)) for t in TABLES}
+
+
+@needs_iceberg
+@pytest.mark.servers
+def test_a_bucket_store_publishes_its_catalog_in_the_bucket(tmp_path, monkeypatch):
+    import servers
+
+    from hybridtrace.store import iceberg
+
+    if os.environ.get("HYBRIDTRACE_REQUIRE_SERVERS") != "1":
+        pytest.importorskip("moto.server")
+    for name, value in {"HYBRIDTRACE_LEASE_SETTLE_S": "0.3", "HYBRIDTRACE_LEASE_S": "3"}.items():
+        monkeypatch.setenv(name, value)  # a killed run's lease is gone in seconds
+    with servers.moto_s3() as srv:
+        for name, value in srv.env.items():
+            monkeypatch.setenv(name, value)
+        srv.make_bucket("telemetry")
+        uri = "s3://telemetry/store"
+        iceberg.enable(Store(uri))
+        monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)
+        monkeypatch.setattr(commit, "COMPACT_MIN_BATCHES", 1_000)
+        ingest([_bundle(tmp_path, 1, "b")], uri)
+        want = view_counts(uri)
+        assert sum(want.values()) and iceberg_counts(uri) == want == _bucket_snapshot_counts(uri)
+        assert all(Store(uri).files.exists(f"_iceberg/{name}") for name in ("catalog.db", "tables.json"))
+        with Store(uri).writer_lock():
+            assert Store(uri).compact(min_batches=2) > 1
+        assert iceberg_counts(uri) == want == _bucket_snapshot_counts(uri)
+        assert _bucket_folder_counts(uri)["transfers"] > want["transfers"]  # superseded, still there
+        second = _bundle(tmp_path, 2, "c")
+        killed = [sys.executable, "-c", KILLED_BUCKET_INGEST, str(second), uri]
+        assert subprocess.run(killed, capture_output=True).returncode == -9
+        assert iceberg_counts(uri) == view_counts(uri) == want == _bucket_snapshot_counts(uri)
+        for _ in range(60):  # the killed run's lease expires in seconds (fast leases)
+            try:
+                ingest([second], uri)
+                break
+            except UsageError as held:
+                assert "another ingest" in str(held)
+                time.sleep(0.5)
+        after = view_counts(uri)
+        assert after["transfers"] > want["transfers"]
+        assert iceberg_counts(uri) == after == _bucket_snapshot_counts(uri)
