@@ -334,6 +334,21 @@ def test_iceberg_repaired_after_a_run_killed_between_the_two_commits(tmp_path, m
 
 
 @needs_iceberg
+def test_the_iceberg_command_turns_it_on(tmp_path):
+    from typer.testing import CliRunner
+
+    from hybridtrace.cli import app
+
+    ingest([_bundle(tmp_path, 1, "b")], tmp_path / "store")
+    done = CliRunner().invoke(app, ["iceberg", "--store", str(tmp_path / "store"), "--format", "json"])
+    assert done.exit_code == 0, done.output
+    rows = {r["table"]: r for r in __import__("json").loads(done.output)}
+    assert rows["transfers"]["files"] >= 1 and rows["transfers"]["metadata"].endswith(".metadata.json")
+    assert Store(tmp_path / "store").publishes_iceberg
+    assert_exact(tmp_path / "store")
+
+
+@needs_iceberg
 def test_an_iceberg_store_refuses_a_writer_without_pyiceberg(tmp_path, monkeypatch):
     from hybridtrace.errors import UsageError
     from hybridtrace.store import iceberg

@@ -13,7 +13,7 @@ Spark, Trino, Athena and DuckDB read exactly the rows hybridtrace's own views re
   call it, so a run killed between the store's commit and Iceberg's is repaired by the
   next writer, and uncommitted files are never registered.
 - **The catalog** is pyiceberg's SQL catalog in a SQLite file, ``_iceberg/catalog.db``,
-  with the tables' metadata under ``_iceberg/hybridtrace.db/<table>/metadata/``. In a
+  with the tables' metadata under ``_iceberg/hybridtrace/<table>/metadata/``. In a
   bucket the file is downloaded, updated and uploaded whole, under the writer's lease.
   ``_iceberg/tables.json`` names each table's current metadata file, for engines that
   register a table by its metadata location (Athena, Trino, Spark's ``register_table``).
@@ -301,8 +301,9 @@ def _write_pointers(store: Store, pointers: dict[str, str]) -> None:
         store.files.write_text(POINTERS, text)
 
 
-def enable(store: Store) -> dict[str, tuple[int, int]]:
-    """Make ``store`` publish Iceberg tables from now on, and publish its committed state."""
+def enable(store: Store) -> list[dict[str, object]]:
+    """Make ``store`` publish Iceberg tables from now on and publish its committed state; one
+    row per table: its name, how many files it lists, its current metadata file."""
     require(store)
     store.init()
     with store.writer_lock():
@@ -311,8 +312,10 @@ def enable(store: Store) -> dict[str, tuple[int, int]]:
             meta["iceberg"] = True
             store.files.write_text("_meta.json", json.dumps(meta))
         store.reload_meta()
-        store.recover()  # migrates old partitions, then publishes
-        return sync(store)
+        store.recover()  # migrates old partition names, then publishes
+        files = committed_locations(store)
+    pointers = json.loads(store.files.read_text(POINTERS))["tables"]
+    return [{"table": t, "files": len(files[t]), "metadata": pointers[t]} for t in TABLES]
 
 
 def snapshot_files(store: Store, table: str) -> list[str]:
