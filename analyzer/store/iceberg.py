@@ -259,7 +259,7 @@ def sync(store: Store) -> dict[str, tuple[int, int]]:
                 table = ice.load_table((NAMESPACE, name))
             pointers[name] = table.metadata_location
             synced[name] = digests[name]
-        _write_pointers(store, pointers)
+    _write_pointers(store, pointers)  # after the catalog (in a bucket: after its upload)
     return changed
 
 
