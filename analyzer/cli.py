@@ -352,6 +352,17 @@ def query_command(
     typer.echo(render_rows(rows, fmt, columns))
 
 
+@app.command("iceberg")
+def iceberg_command(store: StoreOption = None, fmt: FormatOption = OutputFormat.table) -> None:
+    """Publish the store as Iceberg tables, now and after every later commit (docs/iceberg.md)."""
+    from hybridtrace.output import render_rows
+    from hybridtrace.store import Store, default_store
+    from hybridtrace.store.iceberg import enable
+
+    rows = enable(Store(store or default_store()))
+    typer.echo(render_rows(rows, fmt, ["table", "files", "metadata"]))
+
+
 def _no_csv(fmt: OutputFormat, command: str) -> None:
     """Commands whose output is one nested document print it as a table or as JSON."""
     if fmt is OutputFormat.csv:

@@ -18,6 +18,7 @@ bucket lease (``leases.py``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -47,6 +48,8 @@ COMPACT_SMALL_BYTES = 64 << 20
 COMPACT_MAX_BYTES = 1 << 30
 # Superseded files stay this long after their compaction, for readers that listed them.
 COMPACT_GRACE_S = float(os.environ.get("HYBRIDTRACE_COMPACT_GRACE_S", "3600"))
+# How a null partition value is named (Hive's convention); older stores wrote "None".
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _PART = re.compile(r"^part-(?P<batch>[0-9a-f]{32})(?:-\d+)?\.parquet$")
 
 
@@ -59,8 +62,37 @@ def new_batch_id() -> str:
 
 
 def _partition_dir(value: object) -> str:
-    # Engine ids can hold any character; keep directory names safe and reversible.
-    return quote(str(value), safe="")
+    """A partition value as a directory name: Hive's for a null, percent-quoted otherwise.
+
+    Engine ids can hold any character, so names are quoted (safe and reversible); a null is
+    Hive's ``__HIVE_DEFAULT_PARTITION__``, which Hive, Spark, Trino and Athena read as null.
+    The strings that would read as that name, or as an old null ("None", see
+    ``legacy_partition``), get their first character quoted, so every name says one thing.
+    """
+    if value is None:
+        return HIVE_NULL
+    text = quote(str(value), safe="")
+    return f"%{ord(text[0]):02X}{text[1:]}" if text in (HIVE_NULL, "None") else text
+
+
+def legacy_partition(rel: str) -> bool:
+    """Whether a file lies under a ``<column>=None`` directory, how older versions wrote a null.
+
+    Such a directory may also hold the string "None" (the old names could not tell the two
+    apart); the files' own partition columns do, and ``migrate`` rewrites by them. A
+    directory of this version never ends so: the string is written ``%4Eone``.
+    """
+    return any(part.endswith("=None") for part in rel.split("/")[1:-1])
+
+
+def canonical_directory(directory: str) -> str:
+    """A partition directory, with the names an old null could have (``None``, now either
+    Hive's null or the string "None") made one, for finding the files a key may be in."""
+    out = []
+    for i, part in enumerate(directory.split("/")):
+        column, _, value = part.partition("=")
+        out.append(f"{column}=\0" if i and value in ("None", HIVE_NULL, "%4Eone") else part)
+    return "/".join(out)
 
 
 class Store:
@@ -76,6 +108,9 @@ class Store:
         # (lowest, highest, any null) of the key's range column of each data file this object
         # wrote: a later batch's dedupe skips the files it cannot collide with (keys.py)
         self.key_ranges: dict[str, tuple[object, object, bool]] = {}
+        self._meta: dict | None = None  # _meta.json, read once (again when a writer starts)
+        # each table's committed-file digest this process last published to Iceberg
+        self.iceberg_synced: dict[str, str] = {}
 
     def __str__(self) -> str:
         return self.files.display
@@ -99,11 +134,32 @@ class Store:
         if not self.files.exists("_meta.json"):
             return None
         try:
-            return int(json.loads(self.files.read_text("_meta.json"))["schema_version"])
+            meta = json.loads(self.files.read_text("_meta.json"))
+            version = int(meta["schema_version"])
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{self}: _meta.json is damaged ({exc}); this is not a readable store") from exc
         except OSError as exc:
             raise UsageError(f"{self}: cannot read _meta.json: {exc.strerror or exc}") from exc
+        self._meta = meta if isinstance(meta, dict) else {}
+        return version
+
+    def reload_meta(self) -> None:
+        self._meta = None
+        self.schema_version  # noqa: B018 (reads _meta.json)
+
+    @property
+    def publishes_iceberg(self) -> bool:
+        """Whether the store keeps Iceberg tables of its committed state (``iceberg.py``)."""
+        if self._meta is None:
+            self.schema_version  # noqa: B018 (reads _meta.json)
+        return bool((self._meta or {}).get("iceberg"))
+
+    def publish(self) -> None:
+        """Bring the store's Iceberg tables to its committed state, when it keeps them."""
+        if self.publishes_iceberg:
+            from hybridtrace.store.iceberg import sync
+
+            sync(self)
 
     @contextlib.contextmanager
     def writer_lock(self, lease_s: float | None = None) -> Iterator[None]:
@@ -117,6 +173,11 @@ class Store:
             with self.files.lock(".writer.lock", lease_s, "another ingest is writing to this store; "
                                  "try again when it ends") as held:  # fmt: skip
                 self._lease_check = held.get("check")
+                self.reload_meta()  # another process may have changed it (``iceberg.enable``)
+                if self.publishes_iceberg:
+                    from hybridtrace.store.iceberg import require
+
+                    require(self)  # before anything is written that Iceberg would then miss
                 try:
                     yield
                 finally:
@@ -151,7 +212,7 @@ class Store:
         """Every compaction's record: its batch -> {"batches": superseded, "committed_at": t}."""
         records = {}
         for rel in self.files.list_files("sources", "supersedes-*.json"):
-            batch = rel.rsplit("/", 1)[-1][len("supersedes-"):-len(".json")]
+            batch = rel.rsplit("/", 1)[-1][len("supersedes-") : -len(".json")]
             value = json.loads(self.files.read_text(rel))
             records[batch] = value if isinstance(value, dict) else {"batches": value, "committed_at": 0.0}
         return records
@@ -186,6 +247,10 @@ class Store:
         Files of a batch that never committed go at once. Files a compaction superseded go
         only ``COMPACT_GRACE_S`` after it committed: a reader that listed them before the
         commit (``query``, ``analyze`` and ``report`` take no lock) can still open them.
+        Then batches with old ``=None`` partition directories are rewritten (``migrate``),
+        and the Iceberg tables, for a store that publishes them, are brought up to the
+        committed state (``publish``): this is where a run killed between its commit and
+        its Iceberg update is repaired. Runs under the writer lock.
         """
         if not self.exists():
             return 0
@@ -203,11 +268,14 @@ class Store:
             self.files.delete(tmp)
             removed += 1
         files: dict[str, list[str]] = {}
+        legacy = False  # a committed file under an old "=None" directory: migrate below
         for table in TABLES:
             for rel in self._files(table):
                 match = _PART.match(rel.rsplit("/", 1)[-1])
                 if match and match.group("batch") not in committed:
                     files.setdefault(match.group("batch"), []).append(rel)
+                elif match:
+                    legacy = legacy or legacy_partition(rel)
         now = time.time()
         # the oldest supersessions first, and a batch's sources file last: a crash between
         # deletions never brings a superseded batch back
@@ -225,6 +293,9 @@ class Store:
             if batch not in parts or not set(record["batches"]) & kept:
                 self.files.delete(f"sources/supersedes-{batch}.json")
                 removed += 1
+        if legacy:
+            self.migrate()
+        self.publish()
         return removed
 
     def compact(self, *, min_batches: int = COMPACT_MIN_BATCHES) -> int:
@@ -240,15 +311,7 @@ class Store:
         with every row once.
         """
         committed = self.committed_batches()
-        sizes: dict[str, int] = {}
-        files: dict[str, list[tuple[str, str]]] = {}
-        for table in TABLES:
-            for rel, size in self.files.list_sized(table):
-                match = _PART.match(rel.rsplit("/", 1)[-1])
-                if match and match.group("batch") in committed:
-                    batch = match.group("batch")
-                    sizes[batch] = sizes.get(batch, 0) + size
-                    files.setdefault(batch, []).append((table, rel))
+        sizes, files = self._batch_files(committed)
         chosen, total = [], 0
         for batch in sorted(committed, key=lambda b: sizes.get(b, 0)):
             if sizes.get(batch, 0) > COMPACT_SMALL_BYTES or total + sizes.get(batch, 0) > COMPACT_MAX_BYTES:
@@ -257,15 +320,69 @@ class Store:
             total += sizes.get(batch, 0)
         if len(chosen) < min_batches:
             return 0
+        self._merge(chosen, files)
+        # the superseded files stay for readers that listed them; recover() removes them
+        # once the grace period has passed
+        self.recover()
+        return len(chosen)
+
+    def migrate(self) -> int:
+        """Rewrite the batches that have ``<column>=None`` directories; returns how many.
+
+        Older versions named a null partition value "None"; it is Hive's
+        ``__HIVE_DEFAULT_PARTITION__`` now (``_partition_dir``). The views read the files'
+        own columns (``raw_views.py``: explicit file lists, no Hive partitioning), so they
+        read either spelling alike, but other engines read the directory names. The
+        batches holding such a directory are rewritten as a compaction is, by the same
+        protocol and under the caller's writer lock: a killed migration leaves either
+        the old batches committed or the new one (every row once), and the old files
+        stay an hour for readers that listed them. ``recover`` runs it.
+        """
+        committed = self.committed_batches()
+        _, files = self._batch_files(committed)
+        chosen = sorted(b for b, rels in files.items() if any(legacy_partition(rel) for _, rel in rels))
+        if not chosen:
+            return 0
+        self._merge(chosen, files)
+        return len(chosen)
+
+    def _batch_files(self, batches: set[str]) -> tuple[dict[str, int], dict[str, list[tuple[str, str]]]]:
+        """Bytes and (table, path) files of each of ``batches``."""
+        sizes: dict[str, int] = {}
+        files: dict[str, list[tuple[str, str]]] = {}
+        for table in TABLES:
+            for rel, size in self.files.list_sized(table):
+                match = _PART.match(rel.rsplit("/", 1)[-1])
+                if match and match.group("batch") in batches:
+                    batch = match.group("batch")
+                    sizes[batch] = sizes.get(batch, 0) + size
+                    files.setdefault(batch, []).append((table, rel))
+        return sizes, files
+
+    def _merge(self, chosen: list[str], files: dict[str, list[tuple[str, str]]]) -> str:
+        """Write ``chosen`` batches' rows as one new batch that supersedes them; its id.
+
+        A file under an old ``=None`` directory is split again by its rows' own partition
+        values, so the merged batch names every partition the current way.
+        """
         merged_id = new_batch_id()
         by_partition: dict[tuple[str, str], list[str]] = {}
+        pieces: dict[tuple[str, str], list[pa.Table]] = {}
         for batch in chosen:
             for table, rel in files.get(batch, []):
-                if table != "sources":
+                if table == "sources":
+                    continue
+                if legacy_partition(rel):  # rare (rows without a time or an engine), and small
+                    schema = table_schema(table)
+                    for directory, part in partitions(schema, schema.conform(self.files.read_table(rel))):
+                        pieces.setdefault((table, directory), []).append(part)
+                        by_partition.setdefault((table, directory), [])
+                else:
                     by_partition.setdefault((table, rel.rsplit("/", 1)[0]), []).append(rel)
         for n, ((table, directory), rels) in enumerate(sorted(by_partition.items())):
             schema = table_schema(table)
-            data = concat((self.files.read_table(rel) for rel in rels), schema)
+            loaded = (self.files.read_table(rel) for rel in rels)
+            data = concat(itertools.chain(loaded, pieces.get((table, directory), [])), schema)
             self.files.write_parquet(data, f"{directory}/part-{merged_id}-{n}.parquet")
         manifest = concat(
             (self.files.read_table(rel) for b in chosen for t, rel in files.get(b, []) if t == "sources"),
@@ -276,10 +393,7 @@ class Store:
         if self._lease_check is not None:
             self._lease_check()
         self.files.write_parquet(manifest, f"sources/part-{merged_id}.parquet")  # the commit
-        # the superseded files stay for readers that listed them; recover() removes them
-        # once the grace period has passed
-        self.recover()
-        return len(chosen)
+        return merged_id
 
     # --- writing ----------------------------------------------------------------------
 
@@ -292,6 +406,7 @@ class Store:
         if self._lease_check is not None:
             self._lease_check()  # a bucket writer commits only while it still holds the lease
         self.files.write_parquet(schema.conform(sources), f"sources/part-{batch_id}.parquet")
+        self.publish()  # derived from the commit: a failure here is repaired by the next run
 
     def _write_table(self, batch_id: str, schema: TableSchema, data: pa.Table) -> None:
         from hybridtrace.store.keys import note_written
@@ -322,8 +437,6 @@ class Store:
         if not files:
             return schema.arrow_schema().empty_table()
         return pa.concat_tables([schema.conform(self.files.read_table(f)) for f in files])
-
-
 
 
 def partitions(schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]]:

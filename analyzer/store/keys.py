@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hybridtrace.schema import TableSchema, table_schema
-from hybridtrace.store.commit import partitions
+from hybridtrace.store.commit import canonical_directory, partitions
 
 if TYPE_CHECKING:
     from hybridtrace.store.commit import Store
@@ -67,8 +67,12 @@ def existing_keys(store: Store, table: str, data: pa.Table) -> pa.Table | None:
     schema = table_schema(table)
     if not schema.key:
         return None
-    directories = {d + "/" for d, _ in partitions(schema, data)}
-    files = [f for f in store.committed_files(table) if any(f.startswith(d) for d in directories)]
+    # a store written before nulls were named Hive's way may still hold "=None" directories
+    # (until its next writer migrates them): both spellings name the same partition here
+    directories = {canonical_directory(d) for d, _ in partitions(schema, data)}
+    files = [
+        f for f in store.committed_files(table) if canonical_directory(f.rsplit("/", 1)[0]) in directories
+    ]
     where = ""
     ranged = range_column(schema)
     if ranged is not None:
