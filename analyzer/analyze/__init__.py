@@ -9,6 +9,7 @@ verdicts live in SQL.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import count as _counter
@@ -67,6 +68,9 @@ _ORDER_BY = (
 )
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 _RESULTS = _counter(1)  # names the findings tables of the analyses of one process
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+# Per connection, the analyses whose findings are not read yet (``_settle``).
+_UNREAD: dict[int, weakref.WeakSet] = {}
 
 
 @contextmanager
@@ -142,7 +146,14 @@ class Analysis:
         if self._table is None:
             self._table = self._sorted()
             con, name = self._source  # type: ignore[misc]
-            con.execute(f"DROP TABLE IF EXISTS {name}")
+            kind = con.execute(
+                "SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND temporary", [name]
+            ).fetchall()[0][0]
+            if kind:  # a view over this run's findings and the stored ones
+                con.execute(f"DROP VIEW {name}")
+                con.execute(f"DROP TABLE IF EXISTS {name}_new")
+            else:
+                con.execute(f"DROP TABLE IF EXISTS {name}")
             self._source = None
         return self._table
 
@@ -198,16 +209,34 @@ def analyze(
 
         store = store_of(con)
         if store is not None:
+            from hybridtrace.analyze.incremental import CURRENT_FINDINGS, STORED_RULES
+
+            _settle(con)
             with (
                 incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
                 materialized(con, ("intervals", "interval_bytes")),
             ):
-                return _analyze(con)
+                return _analyze(con, stored=(CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES)))
+    _settle(con)
     with materialized(con, ANALYSIS_VIEWS):
         return _analyze(con)
 
 
-def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
+def _settle(con: duckdb.DuckDBPyConnection) -> None:
+    """Sort the findings of earlier analyses on ``con`` that are still unread: this one will
+    replace the temporary tables and views they are read from."""
+    for result in list(_UNREAD.get(id(con), ())):
+        result.table  # noqa: B018  (reading it sorts and keeps it)
+    _UNREAD.pop(id(con), None)
+
+
+def _analyze(
+    con: duckdb.DuckDBPyConnection, *, stored: tuple[str, tuple[str, ...]] | None = None
+) -> Analysis:
+    """The rules' findings and the summary. ``stored`` is (a relation of findings computed
+    before, with a ``rule`` column; the rule views it holds): those views are not run, their
+    findings are counted and listed from the relation where it is."""
+
     def scalar(sql: str):
         return con.sql(sql).fetchall()[0][0]
 
@@ -219,30 +248,46 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
     # Every rule's view in one table: DuckDB runs the union in parallel, and nothing crosses
     # into Python row by row.
     views = [rule.view for rule in _FIRST_RULES]
-    union = " UNION ALL BY NAME ".join(f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views)
+    relation, skipped = stored if stored is not None else (None, ())
+    union = " UNION ALL BY NAME ".join(
+        f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views if v not in skipped
+    )
     con.execute(f"CREATE OR REPLACE TEMP TABLE _findings AS SELECT * FROM ({union})")
+    # the findings computed now, and those of earlier runs where they are
+    every = (
+        "_findings"
+        if relation is None
+        else f"(SELECT * FROM _findings UNION ALL BY NAME SELECT * FROM {relation})"
+    )
     # output_mismatch names the other findings of the same handoff: it reads them from the
     # table just made rather than running their rules a second time
-    with _reading(con, "_handoff_findings", "SELECT kind, engine_id, request_id FROM _findings"):
+    with _reading(con, "_handoff_findings", f"SELECT kind, engine_id, request_id FROM {every}"):
         for rule in _LATER_RULES:
             con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
                         f"FROM {rule.view}")  # fmt: skip
     views += [rule.view for rule in _LATER_RULES]
+    counted = con.sql(f"SELECT rule, kind, severity, count(*) FROM {every} GROUP BY ALL").fetchall()
     per_view = dict.fromkeys(views, 0)
-    per_view.update(con.sql("SELECT rule, count(*) FROM _findings GROUP BY rule").fetchall())
     by_kind = dict.fromkeys(_COUNTED_KINDS, 0)
-    by_kind.update(con.sql("SELECT kind, count(*) FROM _findings GROUP BY kind ORDER BY kind").fetchall())
-    severities = dict(
-        con.sql(
-            "SELECT severity, count(*) FROM _findings GROUP BY severity "
-            "ORDER BY CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END"
-        ).fetchall()
-    )
+    by_severity: dict[str, int] = {}
+    for rule_view, kind, severity, n in counted:
+        per_view[rule_view] = per_view.get(rule_view, 0) + n
+        by_kind[kind] = by_kind.get(kind, 0) + n
+        by_severity[severity] = by_severity.get(severity, 0) + n
+    by_kind = {k: by_kind[k] for k in [*_COUNTED_KINDS, *sorted(set(by_kind) - set(_COUNTED_KINDS))]}
+    severities = {
+        s: by_severity[s] for s in sorted(by_severity, key=lambda s: (_SEVERITY_ORDER.get(s, 9), s))
+    }
+    count = sum(n for *_, n in counted)
     # the findings stay where they are, under a name of their own (a second analysis on the
     # connection must not replace the first's): Analysis sorts them when they are read
     kept = f"_findings_{next(_RESULTS)}"
     con.execute(f"ALTER TABLE _findings RENAME TO {kept}")
-    count = scalar(f"SELECT count(*) FROM {kept}")
+    if relation is not None:
+        con.execute(f"ALTER TABLE {kept} RENAME TO {kept}_new")
+        con.execute(
+            f"CREATE TEMP VIEW {kept} AS SELECT * FROM {kept}_new UNION ALL BY NAME SELECT * FROM {relation}"
+        )
     rules = {
         rule.name: {"inputs": scalar(rule.inputs), "findings": per_view[rule.view], "kinds": list(rule.kinds)}
         for rule in RULES
@@ -270,4 +315,6 @@ def _analyze(con: duckdb.DuckDBPyConnection) -> Analysis:
         "rules": rules,
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
-    return Analysis(None, inputs, summary, source=(con, kept))
+    result = Analysis(None, inputs, summary, source=(con, kept))
+    _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
+    return result

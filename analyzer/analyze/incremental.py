@@ -44,11 +44,20 @@ from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.errors import UsageError
 from hybridtrace.store.commit import Store, new_batch_id
 
-__all__ = ["RECOMPUTED_RULES", "STORED_RULES", "IncrementalRun", "incremental_views", "store_of"]
+__all__ = [
+    "CURRENT_FINDINGS",
+    "RECOMPUTED_RULES",
+    "STORED_RULES",
+    "IncrementalRun",
+    "incremental_views",
+    "store_of",
+]
 
 # The rules whose findings are stored per request; the others are recomputed each run.
 STORED_RULES = tuple(r for r in request_rules(after_others=False))
 _STORED_VIEWS = tuple(r.view for r in STORED_RULES)
+# Inside ``merged_views``: every finding of the stored rules (a ``rule`` column names the view).
+CURRENT_FINDINGS = "_current_findings"
 # What is recomputed in full each run (module docstring says why).
 RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
@@ -329,7 +338,9 @@ class IncrementalRun:
             if self.full
             else f"SELECT x.* EXCLUDE (seq, day) FROM analysis_findings x {current} UNION ALL BY NAME"
         )
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _merged_findings AS {stored_findings} "
+        # a view, not a copy: the analysis counts the stored findings where they are, and
+        # sorts them only when all are asked for (analyze/__init__.py's Analysis)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _merged_findings AS {stored_findings} "
                     "SELECT * FROM _scope_findings")  # fmt: skip
         window_keep = (
             "false"
@@ -382,12 +393,9 @@ class IncrementalRun:
     @contextmanager
     def merged_views(self) -> Iterator[None]:
         """The views ``_analyze`` reads, pointed at the merged state where it holds them."""
-        replacements = {view: f"SELECT {_COLUMNS} FROM _merged_findings WHERE rule = '{view}'"
+        replacements = {view: f"SELECT {_COLUMNS} FROM {CURRENT_FINDINGS} WHERE rule = '{view}'"
                         for view in _STORED_VIEWS}  # fmt: skip
-        # the kept untimed handoffs, judged by the fits of now
-        fitted = f" UNION ALL SELECT {_COLUMNS} FROM _recompute_cheaper_fitted"
-        replacements["finding_recompute_cheaper"] += fitted
-        replacements["_untimed_handoffs"] = (
+        untimed = (
             "SELECT engine_id, request_id, untimed_remote_engine_id AS remote_engine_id, missing_tokens, "
             "measured_prefill_s, read_bytes FROM _merged_requests WHERE untimed"
         )
@@ -410,7 +418,18 @@ class IncrementalRun:
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _state{view} AS {body}")
                 replacements[view] = f"SELECT * FROM _state{view}"
         try:
-            with _views_as(con, replacements):
+            # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
+            # view is bound when it is made: these come first, the views that read them after)
+            with _views_as(con, {"_untimed_handoffs": untimed}):
+                con.execute(
+                    "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
+                    f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
+                )
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW {CURRENT_FINDINGS} AS SELECT * FROM _merged_findings "
+                "UNION ALL BY NAME SELECT * FROM _fitted_findings"
+            )
+            with _views_as(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
             for table in (
