@@ -588,3 +588,28 @@ def test_a_log_read_before_its_engine_id_is_that_engines_once_known(tmp_path):
         "SELECT engine_id FROM log_events)"
     assert storeread.rows(tmp_path / "s", query) == [("decode-0",)]
     assert storeread.rows(tmp_path / "fresh", query) == [("decode-0",)]
+
+
+def test_a_multi_line_event_cut_at_the_end_of_a_growing_log_is_read_once_whole(tmp_path):
+    """The log ends inside an event (a failure's traceback still being written): that event
+    is read once, whole, when the log has grown past it; everything else is read once."""
+    log = tmp_path / "in" / "d" / "vllm.log"
+    head = decode_log()
+    failure = vllm_line("NIXL transfer failure: transfer_failed | Context: {'request_id': 'r-cut'}",
+                        level="ERROR", stamp="04-21 11:00:00")  # fmt: skip
+    traceback = ["Traceback (most recent call last):", '  File "nixl.py", line 10, in read',
+                 "RuntimeError: x"]  # fmt: skip
+    write(log, head + failure + "\n" + traceback[0] + "\n", mtime=datetime.now(UTC))  # being written
+    first = ingest([tmp_path / "in"], tmp_path / "s")
+    assert rows(tmp_path / "s", "SELECT count(*) FROM log_events WHERE request_id = 'r-cut'") == [(0,)]
+    assert first.rows["log_events"] > 0  # the events before it are read
+    with open(log, "a") as handle:
+        handle.write("\n".join(traceback[1:]) + "\n")
+        handle.write(vllm_line("late warning", level="WARNING", stamp="04-21 11:00:05") + "\n")
+    os.utime(log, (datetime(2026, 4, 22, 1, tzinfo=UTC).timestamp(),) * 2)
+    ingest([tmp_path / "in"], tmp_path / "s")
+    ingest([tmp_path / "in"], tmp_path / "whole-once")
+    query = "SELECT kind, message, count(*) FROM log_events GROUP BY ALL ORDER BY ALL"
+    assert rows(tmp_path / "s", query) == rows(tmp_path / "whole-once", query)
+    cut = rows(tmp_path / "s", "SELECT count(*) FROM log_events WHERE request_id = 'r-cut'")
+    assert cut == [(1,)]

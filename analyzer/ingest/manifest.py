@@ -134,9 +134,11 @@ def is_quiet(obj: ObjectRef, compressed: bool, quiet_seconds: float) -> bool:
     """Whether the object can no longer grow: nothing more of its last line will come.
 
     A bucket object is whole once uploaded, a gzip is never appended to, and a local file
-    untouched for ``quiet_seconds`` has gone quiet.
+    untouched for ``quiet_seconds`` has gone quiet. A modification time far ahead of this
+    clock is no sign of a writer at work either (a copy that kept another machine's times):
+    only a time within ``quiet_seconds`` of now, on either side, is.
     """
-    return compressed or obj.local is None or (time.time() - obj.mtime) > quiet_seconds
+    return compressed or obj.local is None or abs(time.time() - obj.mtime) > quiet_seconds
 
 
 def last_line(fmt: Format | None, tail: bytes, quiet: bool) -> LastLine | None:

@@ -456,7 +456,7 @@ class _ObjectReader:
             self.job.progress.update(
                 self.job.summary, self.job.done_bytes + min(offset + consumed, self.size)
             )
-            kept_back = self._parse(row, lines, line, final)
+            kept_back = self._parse(row, lines, line, final, quiet)
             line += len(lines)
             offset += consumed
             row["end_offset"] = offset - kept_back[0]
@@ -521,7 +521,9 @@ class _ObjectReader:
         self.job.summary.rejects += table.num_rows
         self.job.batch.add("rejects", table)
 
-    def _parse(self, row: dict, lines: Lines, first_line: int, final: bool) -> tuple[int, int]:
+    def _parse(
+        self, row: dict, lines: Lines, first_line: int, final: bool, quiet: bool = True
+    ) -> tuple[int, int]:
         """Parse ``lines``; returns (bytes, lines) held back for the next chunk."""
         if self.format is None:
             return 0, 0  # unknown or empty: read through, nothing to parse
@@ -530,7 +532,7 @@ class _ObjectReader:
                                     engine_id=self.engine_id, resume_ts=self.resume_ts,
                                     previous=self.previous)  # fmt: skip
             self.parser = self.format.parser(context)
-        parsed: Parsed = self.parser.feed(Chunk(lines, first_line, final, row["source_id"]))
+        parsed: Parsed = self.parser.feed(Chunk(lines, first_line, final, row["source_id"], quiet))
         for name, table in parsed.tables:
             row["counts"][name] = row["counts"].get(name, 0) + table.num_rows
             self.job.batch.add(name, table)

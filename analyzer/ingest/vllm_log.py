@@ -216,9 +216,13 @@ def looks_like_vllm_log(head: str) -> bool:
 
 
 def _events_frame(
-    frame: pl.DataFrame, final: bool, tty: bool = False
+    frame: pl.DataFrame, final: bool, tty: bool = False, growing: bool = False
 ) -> tuple[pl.DataFrame, list[tuple[int, str]], int | None]:
     """Group lines into events; return interesting events, the unfinished tail, the top TP rank.
+
+    The last event is the tail unless the chunk is ``final``; a final chunk of an object
+    still ``growing`` keeps a last event of several lines as its tail (a traceback being
+    written: the next read takes it whole), and reads a one-line one.
 
     Every line gets only cheap tests (a capture-free header match, literal searches);
     the header is taken apart, and lines joined into events, only for the lines of
@@ -263,9 +267,10 @@ def _events_frame(
     frame = frame.with_columns(starts.cum_sum().alias("event"), starts.alias("starts"))
     carry: list[tuple[int, str]] = []
     ranked = frame
-    if not final and frame.height:
+    if frame.height and (not final or growing):
         last = frame["event"][-1]
         tail = frame.filter(pl.col("event") == last)
+    if frame.height and (not final or (growing and tail.height > 1)):
         carry = list(zip(tail["line_number"].to_list(), tail["raw"].to_list(), strict=True))
         frame = frame.filter(pl.col("event") != last)
         named = tail.filter(pl.col("has_header") & pl.col("text").str.contains(_ENGINE_ID.pattern))
@@ -671,7 +676,9 @@ def lines_frame(first_line: int, lines: pl.Series) -> pl.DataFrame:
     )
 
 
-def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogResult) -> None:
+def parse_chunk(
+    ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogResult, *, growing: bool = False
+) -> None:
     """Parse ``frame`` (line_number, raw), after the carried tail of the previous chunk."""
     if ctx.carry:
         carried = pl.DataFrame(ctx.carry, schema={"line_number": pl.Int64, "raw": pl.String}, orient="row")
@@ -680,7 +687,7 @@ def parse_chunk(ctx: LogContext, frame: pl.DataFrame, final: bool, result: LogRe
         ends = frame.filter(pl.col("raw").str.len_bytes() > 0)["raw"].str.ends_with("\r")
         if ends.len() >= 2:
             ctx.tty = bool(ends.all())
-    events, ctx.carry, top_rank = _events_frame(frame, final, bool(ctx.tty))
+    events, ctx.carry, top_rank = _events_frame(frame, final, bool(ctx.tty), growing)
     if top_rank is not None and (ctx.max_tp_rank is None or top_rank > ctx.max_tp_rank):
         # Worker_TP<r> processes exist for every rank (vLLM names them so only at TP 2 or
         # more): the highest rank seen gives the TP size, unless a line states it.

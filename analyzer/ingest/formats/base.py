@@ -113,6 +113,9 @@ class Chunk:
     first_line: int  # number of the chunk's first line (1-based, counting on over resumed reads)
     final: bool  # nothing comes after this chunk
     source_id: str  # the manifest row (read or slice) the chunk's rows belong to
+    # the object can no longer grow (run.py's is_quiet): at its final chunk, a last event
+    # that may still gain lines is read now; else it is held back for the next read
+    quiet: bool = True
 
 
 @dataclass

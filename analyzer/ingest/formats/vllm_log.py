@@ -180,7 +180,10 @@ class _LogParser(Parser):
         series, bad = decode_series(chunk.lines, chunk.first_line)
         parsed.reject(bad)
         result = vllm_log.LogResult()
-        vllm_log.parse_chunk(self.ctx, vllm_log.lines_frame(chunk.first_line, series), chunk.final, result)
+        # a last event of several lines (a traceback being written) can still gain lines until
+        # the log has gone quiet: till then it is held back, and the next read takes it whole
+        vllm_log.parse_chunk(self.ctx, vllm_log.lines_frame(chunk.first_line, series), chunk.final, result,
+                             growing=not chunk.quiet)  # fmt: skip
         engine_id = vllm_log.finish(self.ctx, result)
         if result.engine.get("engine_id"):
             self.ctx.engine_id = parsed.learned_engine_id = result.engine["engine_id"]
