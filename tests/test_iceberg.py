@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
+from storefaults import kill_writes
 
 import hybridtrace.ingest.run as ingest_run
 import hybridtrace.store.commit as commit
@@ -227,24 +228,12 @@ def test_a_killed_migration_leaves_every_row_once(old_store, monkeypatch, crash_
     monkeypatch.setattr(commit, "COMPACT_GRACE_S", 0.0)  # old files go at once: the deletions die
     before = _rows(old_store)
     store = Store(old_store)
-    original_write, original_delete = store.files.write_parquet, store.files.delete
-
-    def write(table, rel):
-        if crash_at == "before the commit" and rel.startswith("sources/part-"):
-            raise OSError("killed")
-        original_write(table, rel)
-
-    def delete(rel):
-        raise OSError("killed")
-
-    monkeypatch.setattr(store.files, "write_parquet", write)
-    monkeypatch.setattr(store.files, "delete", delete)
+    revive = kill_writes(monkeypatch, store, crash_at)
     with pytest.raises(OSError), store.writer_lock():
         store.migrate()
         store.recover()
     assert _rows(old_store) == before  # readable, every row once
-    monkeypatch.setattr(store.files, "write_parquet", original_write)
-    monkeypatch.setattr(store.files, "delete", original_delete)
+    revive()
     with store.writer_lock():
         store.recover()  # clears what the cut migration left, and finishes it
     assert _rows(old_store) == before

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import storeread
+from storefaults import kill_writes
 from tracegen import engine_record, transfer_records, write_jsonl
 
 from hybridtrace.ingest.run import ingest
@@ -403,23 +404,11 @@ def test_a_compaction_cut_short_leaves_every_row_once(tmp_path, monkeypatch, cra
         ingest([data], store_root)
     before = _all_rows(store_root)
     store = Store(store_root)
-    original_write, original_delete = store.files.write_parquet, store.files.delete
-
-    def write(table, rel):
-        if crash_at == "before the commit" and rel.startswith("sources/part-"):
-            raise OSError("killed")
-        original_write(table, rel)
-
-    def delete(rel):
-        raise OSError("killed")
-
-    monkeypatch.setattr(store.files, "write_parquet", write)
-    monkeypatch.setattr(store.files, "delete", delete)
+    revive = kill_writes(monkeypatch, store, crash_at)
     with pytest.raises(OSError):
         store.compact(min_batches=2)
     assert _all_rows(store_root) == before  # readable, every row once
-    monkeypatch.setattr(store.files, "write_parquet", original_write)
-    monkeypatch.setattr(store.files, "delete", original_delete)
+    revive()
     ingest([data], store_root)  # recover clears what the cut compaction left
     assert _all_rows(store_root) == before
     expected_files = 1 if crash_at == "after the commit" else 6
