@@ -19,10 +19,8 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -80,36 +78,6 @@ def spark(s3):
     session = open_session(spark_options(master="local[2]", conf=conf))
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="module")
-def connect_server(s3, tmp_path_factory):
-    """The Spark Connect server PySpark ships, on loopback with local[2] (stopped after)."""
-    import pyspark
-
-    home = Path(pyspark.__file__).parent
-    port = servers.free_port()
-    logs = tmp_path_factory.mktemp("connect")
-    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
-           "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs)}  # fmt: skip
-    settings = ["spark.connect.grpc.binding.address=127.0.0.1", f"spark.connect.grpc.binding.port={port}",
-                "spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1"]  # fmt: skip
-    command = [str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]"]
-    for setting in settings:
-        command += ["--conf", setting]
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the Spark Connect server did not start in 120 s"
-            time.sleep(1)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        stop = home / "sbin" / "stop-connect-server.sh"
-        subprocess.run([str(stop)], env=env, capture_output=True, timeout=120)
 
 
 def _reader(spark):
