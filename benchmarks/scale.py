@@ -1,6 +1,6 @@
 """Ingest and analysis on Spark against local ones of the same data, and what 1 TB a day would need.
 
-    python benchmarks/scale.py [--requests 20000] [--engines 4] [--dir /tmp/ht-scale]
+    python benchmarks/scale.py [--requests 20000] [--engines 4] [--dir /tmp/ht-scale] [--only analyze]
 
 Needs the spark extra (``pip install ".[spark]"``) and Java 17. Simulates one bundle
 (``--engines`` prefill and as many decode engines, so there are many objects to hand out),
@@ -12,7 +12,9 @@ then ingests it into a fresh store three times, each in its own process:
 
 Then it analyses the local ingest's store (a full analysis that writes the incremental
 state, as ``analyze --full`` does) the same three ways, each on its own copy of the store,
-and prints each analysis' time as a ratio to the local one's.
+and prints each analysis' time as a ratio to the local one's; the three must find the same
+findings (what each is about: kind, severity, engine, request, rank), or it stops. ``--only
+ingest`` or ``--only analyze`` times one side (the analyses still need the local ingest).
 
 Spark's start (JVM, session, the first Python workers) is timed apart from the work, since
 a cluster pays it once per job, not per object. It prints each ingest's MB/s and its time
@@ -83,7 +85,12 @@ def _analyze_code(store: Path, master: str | None) -> str:
     lines += [
         "t0 = time.perf_counter()",
         f"result = analyze(open_analysis({str(store)!r}), incremental=True, full=True, scope={scope})",
-        "print(time.perf_counter() - t0, len(result))",
+        "seconds = time.perf_counter() - t0",
+        # what each finding is about, digested: the three analyses must agree on it
+        "import hashlib, json",
+        "keys = ('kind', 'severity', 'engine_id', 'request_id', 'rank')",
+        "named = sorted(json.dumps([f[k] for k in keys], default=str) for f in result.findings)",
+        "print(seconds, len(result), hashlib.sha256('\\n'.join(named).encode()).hexdigest()[:16])",
     ]
     return "\n".join(lines)
 
@@ -93,6 +100,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--engines", type=int, default=4, help="prefill engines, and as many decode ones")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/ht-scale"))
+    parser.add_argument("--only", choices=("ingest", "analyze"), help="time one side only (analyze: "
+                        "the store is ingested locally, untimed against Spark)")  # fmt: skip
     args = parser.parse_args()
     if shutil.which("java") is None:
         sys.exit("scale.py needs Java 17 (and the spark extra)")
@@ -107,9 +116,21 @@ def main() -> None:
     mb = sum(p.stat().st_size for p in files) / 1e6
     print(f"bundle: {len(files)} objects, {mb:.1f} MB")
 
+    if args.only != "analyze":
+        _ingests(args.dir, bundle, mb)
+    else:  # the store the analyses copy, ingested locally (not timed)
+        run_timed(_ingest_code(bundle, args.dir / "store-local", None))
+    if args.only != "ingest":
+        _analyses(args.dir)
+
+
+ENGINES = (("local", None), ("spark local[1]", "local[1]"), ("spark local[2]", "local[2]"))
+
+
+def _ingests(root: Path, bundle: Path, mb: float) -> None:
     results = {}
-    for name, master in (("local", None), ("spark local[1]", "local[1]"), ("spark local[2]", "local[2]")):
-        store = args.dir / f"store-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
+    for name, master in ENGINES:
+        store = root / f"store-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
         total, rss, line = run_timed(_ingest_code(bundle, store, master))
         seconds = float(line)
         results[name] = seconds
@@ -135,17 +156,21 @@ def main() -> None:
         "core) bounds from below what one driver commits; past that, split the inputs over stores"
     )
 
-    analyses = {}
-    ingested = args.dir / "store-local"
-    for name, master in (("local", None), ("spark local[1]", "local[1]"), ("spark local[2]", "local[2]")):
-        store = args.dir / f"analyze-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
+
+def _analyses(root: Path) -> None:
+    analyses, digests = {}, {}
+    ingested = root / "store-local"
+    for name, master in ENGINES:
+        store = root / f"analyze-{name.replace(' ', '-').replace('[', '').replace(']', '')}"
         shutil.copytree(ingested, store)
         total, rss, line = run_timed(_analyze_code(store, master))
-        seconds, findings = float(line.split()[0]), int(line.split()[1])
+        seconds, findings, digests[name] = float(line.split()[0]), int(line.split()[1]), line.split()[2]
         analyses[name] = seconds
         start = f", Spark start {total - seconds:.1f} s" if master else ""
         memory = f"peak RSS {rss / 2**20:6.0f} MiB"
         print(f"analyze {name:16} {seconds:7.2f} s  {findings} findings  {memory}{start}")
+    if len(set(digests.values())) != 1:
+        sys.exit(f"the analyses found different findings: {digests}")
     for name, seconds in analyses.items():
         print(f"ratio analyze {name:16} {seconds / analyses['local']:5.2f}× the local analysis' time")
     print(f"two cores analyse {analyses['spark local[1]'] / analyses['spark local[2]']:.2f}× as fast as one")

@@ -16,9 +16,17 @@ The connector tier (tests/connector/) has its own conftest and venv.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import servers
 
 from hybridtrace.ingest.run import ingest
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
@@ -43,3 +51,39 @@ def demo_store(demo_bundle: Path) -> Path:
     store = demo_bundle.parent / "store"
     ingest([demo_bundle], store)
     return store
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """The Spark Connect server PySpark ships, on loopback with local[2], started once for the
+    Spark tier's ingest and analysis tests (stopped after). It reads local paths only: its
+    environment is the one the session had when it started."""
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        if os.environ.get("HYBRIDTRACE_REQUIRE_SPARK") == "1":
+            pytest.fail("the spark tier needs PySpark and Java (pip install '.[spark]')")
+        pytest.skip("the spark tier needs PySpark and Java (pip install '.[spark]')")
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    port = servers.free_port()
+    logs = tmp_path_factory.mktemp("connect")
+    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs)}  # fmt: skip
+    settings = ["spark.connect.grpc.binding.address=127.0.0.1", f"spark.connect.grpc.binding.port={port}",
+                "spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1"]  # fmt: skip
+    command = [str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]"]
+    for setting in settings:
+        command += ["--conf", setting]
+    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the Spark Connect server did not start in 120 s"
+            time.sleep(1)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop = home / "sbin" / "stop-connect-server.sh"
+        subprocess.run([str(stop)], env=env, capture_output=True, timeout=120)

@@ -18,6 +18,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,3 +256,27 @@ def test_run_engine_spark(spark, tmp_path):
         assert summaries["spark"][key] == summaries["local"][key], key
     assert summaries["local"]["findings"] > 0
     assert os.path.getsize(tmp_path / "spark.html") > 0
+
+
+@pytest.mark.spark
+def test_analyze_spark_connect_equals_local(connect_server, tmp_path):
+    """--spark-remote: the parts computed through Spark Connect (in a process of its own,
+    since this one holds a classic session) find what a local analysis finds, and write the
+    same incremental state."""
+    bundle = _bundle(tmp_path, requests=60)
+    ingest([bundle], tmp_path / "local")
+    shutil.copytree(tmp_path / "local", tmp_path / "spark")
+    config = _config(tmp_path)
+    results = {}
+    for engine in ("local", "spark"):
+        extra = ["--engine", "spark", "--spark-remote", connect_server] if engine == "spark" else []
+        run = subprocess.run(
+            [sys.executable, "-m", "hybridtrace", "analyze", "--store", str(tmp_path / engine),
+             "--config", config, "--format", "json", *extra],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode in (0, 1), run.stderr[-2000:]
+        results[engine] = json.loads(run.stdout)
+    assert results["local"]["summary"]["findings"] > 0
+    close(results["spark"], results["local"])
+    close(_state(tmp_path / "spark"), _state(tmp_path / "local"))

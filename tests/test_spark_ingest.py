@@ -16,12 +16,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,6 +33,7 @@ from typer.testing import CliRunner
 
 from hybridtrace.cli import app
 from hybridtrace.errors import UsageError
+from hybridtrace.ingest import run as ingest_run
 from hybridtrace.ingest.batch import DATA_TABLES
 from hybridtrace.ingest.run import ingest
 from hybridtrace.simulate import SimOptions, simulate
@@ -78,36 +78,6 @@ def spark(s3):
     session = open_session(spark_options(master="local[2]", conf=conf))
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="module")
-def connect_server(s3, tmp_path_factory):
-    """The Spark Connect server PySpark ships, on loopback with local[2] (stopped after)."""
-    import pyspark
-
-    home = Path(pyspark.__file__).parent
-    port = servers.free_port()
-    logs = tmp_path_factory.mktemp("connect")
-    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable,
-           "SPARK_LOG_DIR": str(logs), "SPARK_PID_DIR": str(logs)}  # fmt: skip
-    settings = ["spark.connect.grpc.binding.address=127.0.0.1", f"spark.connect.grpc.binding.port={port}",
-                "spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1"]  # fmt: skip
-    command = [str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]"]
-    for setting in settings:
-        command += ["--conf", setting]
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the Spark Connect server did not start in 120 s"
-            time.sleep(1)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        stop = home / "sbin" / "stop-connect-server.sh"
-        subprocess.run([str(stop)], env=env, capture_output=True, timeout=120)
 
 
 def _reader(spark):
@@ -182,6 +152,82 @@ def test_bundle_spark_equals_local(spark, tmp_path):
     objects = reader.objects
     again = ingest([bundle], tmp_path / "spark", read_objects=reader)
     assert (again.objects_read, again.rows, reader.objects) == (0, {}, objects)
+
+
+@pytest.fixture
+def small_slices(monkeypatch):
+    """Objects read in 2 KiB chunks, batches full at 40 rows: most objects of a bundle are
+    cut into slices, each where the run's shared batch fills, at whatever object it is."""
+    monkeypatch.setattr(ingest_run, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(ingest_run, "BATCH_ROWS", 40)
+
+
+def _sliced(root: Path) -> int:
+    """How many objects of a store's manifest were read in more than one slice."""
+    rows = Store(root).sources_frame().to_pylist()
+    uris = [row["uri"] for row in rows if row["status"] not in ("deleted", "skipped")]
+    return sum(1 for uri in set(uris) if uris.count(uri) > 1)
+
+
+class InProcess:
+    """``read_objects`` that runs the executors' code (``spark.tasks.read_task``) here, one
+    object a task, each result pickled as Spark ships it, and merges it as the Spark driver does."""
+
+    def __init__(self) -> None:
+        self.pieces = 0  # pieces of chunked reads handed back, joined or not
+
+    def __call__(self, run, objects) -> None:
+        from hybridtrace.spark.ingest import SparkReader, merge
+        from hybridtrace.spark.tasks import Task, detach, read_task
+
+        for i, obj in enumerate(objects):
+            if SparkReader.on_driver(run, obj):
+                run.object(obj)
+                continue
+            last, failed = run.previous.get(obj.uri), run.failed.get(obj.uri)
+            result = pickle.loads(pickle.dumps(read_task(Task(i, detach(obj), last, failed, run.options,
+                                                              run.chunk_bytes))))  # fmt: skip
+            self.pieces += sum(piece.cut for piece in result.slices)
+            merge(run, obj, result)
+
+
+def test_sliced_objects_equal_local(small_slices, tmp_path):
+    """Without Spark: the executors' pieces, joined on the driver, are the slices, manifest
+    rows and rejects of a local ingest, first reads and reads on from a grown trace alike."""
+    bundle = _bundle(tmp_path)
+    reader = InProcess()
+    local = ingest([bundle], tmp_path / "local")
+    joined = ingest([bundle], tmp_path / "joined", read_objects=reader)
+    assert _sliced(tmp_path / "local") >= 3 and local.rejects > 0
+    # more pieces came back than the local run cut: some were joined into one manifest row
+    slices = sum(
+        1 for row in Store(tmp_path / "local").sources_frame().to_pylist() if row["status"] == "partial"
+    )
+    assert reader.pieces > slices > 0
+    assert _summary(joined) == _summary(local)
+    assert committed(tmp_path / "joined") == committed(tmp_path / "local")
+
+    trace = next(bundle.rglob("trace.jsonl"))
+    with trace.open("a") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in transfer_records(40, seed=98))
+        handle.write('{"record_type": "transfer", "cut\n')
+    local = ingest([bundle], tmp_path / "local")
+    joined = ingest([bundle], tmp_path / "joined", read_objects=reader)
+    assert local.objects_read == 1 and _summary(joined) == _summary(local)
+    assert committed(tmp_path / "joined") == committed(tmp_path / "local")
+
+
+@pytest.mark.spark
+def test_sliced_objects_spark_equals_local(spark, small_slices, tmp_path):
+    """On local[2]: objects cut into slices by the run's shared batch get the manifest rows,
+    rejects and table rows a local ingest gives them (the executors read in the driver's chunks)."""
+    bundle = _bundle(tmp_path)
+    reader = _reader(spark)
+    local = ingest([bundle], tmp_path / "local")
+    on_spark = ingest([bundle], tmp_path / "spark", read_objects=reader)
+    assert _sliced(tmp_path / "local") >= 3 and reader.objects == local.objects_read
+    assert _summary(on_spark) == _summary(local)
+    assert committed(tmp_path / "spark") == committed(tmp_path / "local")
 
 
 @pytest.mark.spark

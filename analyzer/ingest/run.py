@@ -120,6 +120,7 @@ def _prefetch(
     downloaded by a few threads ahead of the parser, at most PREFETCH_AHEAD at a time
     (memory stays bounded). Local files and large objects are read in place, streamed.
     """
+
     def wanted(obj: ObjectRef) -> bool:
         if obj.skipped is not None or obj.error is not None:
             return False  # never opened
@@ -141,7 +142,6 @@ def _prefetch(
             yield obj, (future.result() if future is not None else None)
 
 
-
 class _Ingest:
     """One run: the store, the open batch, the summary."""
 
@@ -161,6 +161,9 @@ class _Ingest:
         self.progress = Progress(False, 0)
         self.done_bytes = 0  # bytes of objects walked so far, for the progress bar
         self.pending: Future | None = None
+        # Objects are read in chunks of this much; a slice of a large object ends only where
+        # a chunk does. An executor is told the driver's, so both cut at the same lines.
+        self.chunk_bytes = CHUNK_BYTES
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -184,6 +187,14 @@ class _Ingest:
             self.wait()
             self.pending = self.writer.submit(commit, self.store, self.batch, self.summary)
             self.batch = Batch()
+
+    def slice_due(self) -> bool:
+        """Whether the object being read is cut here (a chunk read): the open batch is full."""
+        return self.batch.rows >= BATCH_ROWS
+
+    def new_reader(self, obj: ObjectRef, fingerprint: str, version: str | None, compressed: bool,
+                   fmt: str | None, engine_id: str | None) -> _ObjectReader:  # fmt: skip
+        return _ObjectReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -321,7 +332,7 @@ class _Ingest:
         try:
             if start and not compressed:
                 start = after_counted_line(raw, start)
-            handle = open_from(raw, start, compressed, CHUNK_BYTES)
+            handle = open_from(raw, start, compressed, self.chunk_bytes)
         except (OSError, EOFError, zlib.error) as exc:
             raw.close()
             self.batch.sources.append(
@@ -329,7 +340,7 @@ class _Ingest:
             )
             self.error(self.batch.sources[-1], f"cannot read: {redact(str(exc))}")
             return
-        reader = _ObjectReader(self, obj, head_hash, version, compressed, point.fmt, point.engine_id)
+        reader = self.new_reader(obj, head_hash, version, compressed, point.fmt, point.engine_id)
         reader.resume_ts = point.resume_ts
         reader.previous = point.previous
         try:
@@ -446,7 +457,7 @@ class _ObjectReader:
         offset, line = start, first_line
         row = self._new_row(offset, line)
         quiet = is_quiet(self.obj, self.compressed, QUIET_SECONDS)
-        for lines, consumed, tail in line_chunks(handle, CHUNK_BYTES):
+        for lines, consumed, tail in line_chunks(handle, self.job.chunk_bytes):
             final = not lines and not consumed
             if self.fmt is None:
                 self._detect(row, lines, tail)
@@ -462,7 +473,7 @@ class _ObjectReader:
             row["end_offset"] = offset - kept_back[0]
             row["end_line"] = line - 1 - kept_back[1]
             row["lines"] = row["end_line"] - (row["start_line"] - 1)
-            if not final and self.job.batch.rows >= BATCH_ROWS:
+            if not final and self.job.slice_due():
                 # Commit what is parsed so far as a slice; the rest is a continued read.
                 row["status"] = "partial"
                 self._close_row(row)
@@ -547,7 +558,11 @@ class _ObjectReader:
             row.update(parsed.manifest)
         if parsed.error is not None:
             self.job.error(row, parsed.error)
+        self._took(row, parsed)
         return parsed.kept_back
+
+    def _took(self, row: dict, parsed: Parsed) -> None:
+        """What a reader of another engine notes of each parse (hybridtrace.spark.tasks)."""
 
 
 def ingest(

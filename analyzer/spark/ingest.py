@@ -8,17 +8,22 @@ this process had read them, so the commit protocol, the dedupe against the store
 manifest are a local run's.
 
 What differs from a local ingest of the same inputs, by nature of a run:
-- ``sources.batch_id``, ``sources.ingested_at`` and ``rejects.ingested_at`` (and the
-  ``ingested_at`` of ``models`` and ``agent_map`` rows, a ring's ``read_at``), and the
-  ``source_id`` of a manifest row noting an object gone (made of that time) — a local
-  re-run differs in them too;
-- an object large enough to be cut into slices (more than ``HYBRIDTRACE_BATCH_ROWS`` rows)
-  is cut where its own rows fill a batch, not where the run's shared batch does: its
-  manifest rows split at other lines, while the table rows are the same.
+``sources.batch_id``, ``sources.ingested_at`` and ``rejects.ingested_at`` (and the
+``ingested_at`` of ``models`` and ``agent_map`` rows, a ring's ``read_at``), and the
+``source_id`` of a manifest row noting an object gone (made of that time) — a local re-run
+differs in them too.
+
+An object is cut into slices where a local run's batch fills, which depends on the rows of
+the objects before it in the batch: an executor cannot know that. So an executor cuts the
+object after every chunk it reads, the only places a local run may cut, and the driver
+joins those pieces into the manifest rows a local run writes: at each piece's end it cuts
+(and commits) only when its own batch is full, as ``_ObjectReader.run`` does, and a piece
+that goes on in the row before it has its rows' ``source_id`` made that row's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Iterator
@@ -30,9 +35,10 @@ from hybridtrace.errors import HybridtraceError
 from hybridtrace.ingest.manifest import refused_unchanged
 from hybridtrace.ingest.run import ERROR_MESSAGES, _Ingest
 from hybridtrace.spark.session import SparkOptions, open_session
-from hybridtrace.spark.tasks import SUMMED, Result, Task, detach, read_partition, table_of
+from hybridtrace.spark.tasks import ENGINE_PARSED, SUMMED, Result, Task, detach, read_partition, table_of
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 # A wave is what one Spark job reads; its results are held on the driver until merged, so
@@ -96,7 +102,14 @@ class SparkReader:
 
     def _read_wave(self, run: _Ingest, wave: list[ObjectRef]) -> None:
         tasks = [
-            Task(i, detach(obj), run.previous.get(obj.uri), run.failed.get(obj.uri), run.options)
+            Task(
+                i,
+                detach(obj),
+                run.previous.get(obj.uri),
+                run.failed.get(obj.uri),
+                run.options,
+                run.chunk_bytes,
+            )
             for i, obj in enumerate(wave)
             if not self.on_driver(run, obj)
         ]
@@ -155,15 +168,83 @@ def merge(run: _Ingest, obj: ObjectRef, result: Result) -> None:
         summary.by_format[fmt] = summary.by_format.get(fmt, 0) + count
     room = ERROR_MESSAGES - len(summary.error_messages)
     summary.error_messages.extend(part.error_messages[: max(0, room)])
-    for k, piece in enumerate(result.slices):
-        for row in piece.sources:
-            row["batch_id"] = run.batch.id  # the batch this run commits it in
-            run.batch.sources.append(row)
-        for name, data in piece.tables:
-            run.batch.add(name, table_of(data))
-        if k < len(result.slices) - 1:
-            run.maybe_commit(force=True)  # a slice of a large object: its own batch
+    _add_pieces(run, obj, result)
     run.done_bytes += result.done_bytes
     run.progress.update(run.summary, run.done_bytes)
     if result.commit_after:
         run.maybe_commit()
+
+
+def _add_pieces(run: _Ingest, obj: ObjectRef, result: Result) -> None:
+    """Add an object's pieces to the run's batches as a local read would have: after each
+    chunk, the object is cut (its manifest row closed, the batch committed) only when the
+    batch is full; otherwise the next piece goes on in the same manifest row."""
+    open_row: dict | None = None  # the manifest row a local read would still be reading into
+    for piece in result.slices:
+        tables = [(name, table_of(data)) for name, data in piece.tables]
+        rows = list(piece.sources)
+        if (open_row is not None or piece.cut) and len(rows) != 1:
+            # a piece of a chunked read is one manifest row: anything else is a bug, not data
+            raise HybridtraceError(f"reading {redact(obj.uri)}: a piece of {len(rows)} manifest rows")
+        if open_row is not None:
+            row = rows.pop()
+            # the local read went on in the open row: its rows carry that row's id
+            old, new = row["source_id"], open_row["source_id"]
+            tables = [(name, _renamed(data, old, new)) for name, data in tables]
+            join_row(open_row, row)
+        elif piece.cut:
+            open_row = rows.pop()
+        for name, data in tables:
+            run.batch.add(name, data)
+        if piece.cut and not run.slice_due():
+            continue  # the batch has room: the read goes on in the open row
+        if open_row is not None:
+            rows.insert(0, open_row)
+            open_row = None
+        for row in rows:
+            row.pop(ENGINE_PARSED, None)
+            row["batch_id"] = run.batch.id  # the batch this run commits it in
+            run.batch.sources.append(row)
+        if piece.cut:
+            run.maybe_commit(force=True)  # a slice of a large object: its own batch
+
+
+# Of a manifest row, what a later piece's row says last: where the read ended, what the
+# format's parser last set (``envelope``, ``instances``), the format and the object's columns.
+_KEPT_FROM_FIRST = {"source_id", "batch_id", "start_offset", "ingested_at", "duplicates"}
+_JOINED = {"rows", "rejects", "lines", "status", "message", "engine_id", ENGINE_PARSED}
+
+
+def join_row(row: dict, piece: dict) -> None:
+    """Make ``row`` the manifest row a local read would have kept on through ``piece``, the
+    next piece's row, read on from where ``row`` ends (``_ObjectReader.run`` and ``_parse``)."""
+    counts = json.loads(row["rows"])
+    for name, count in json.loads(piece["rows"]).items():
+        counts[name] = counts.get(name, 0) + count  # first seen first, as the local counts are
+    errored = row["message"] is not None  # only an error sets a read's message
+    row["rows"] = json.dumps(counts)
+    row["rejects"] += piece["rejects"]
+    row["lines"] += piece["lines"]
+    # a cut sets "partial" over an error; where no cut came, the error stands, unless the
+    # read's end says more (empty, unrecognised, a last line held back)
+    row["status"] = "error" if piece["status"] == "ok" and errored else piece["status"]
+    if piece["message"] is not None:
+        row["message"] = piece["message"]
+    if piece.get(ENGINE_PARSED):
+        row["engine_id"] = piece["engine_id"]  # else the row keeps the id it had
+    for key, value in piece.items():
+        if key not in _KEPT_FROM_FIRST and key not in _JOINED:
+            row[key] = value
+
+
+def _renamed(data: pa.Table, old: str, new: str) -> pa.Table:
+    """``data`` with ``source_id`` ``new`` where it was ``old``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "source_id" not in data.column_names or old == new:
+        return data
+    i = data.column_names.index("source_id")
+    column = data.column(i)
+    renamed = pc.if_else(pc.equal(column, old), pa.scalar(new, column.type), column)
+    return data.set_column(i, data.field(i), renamed)

@@ -6,7 +6,10 @@ never opens the store. The driver hands it an object as the listing saw it, with
 object's latest and failed manifest rows; the executor runs the same ``_Ingest.object``
 (the same detection, resume point, format parser, rejects and manifest rows) into a batch
 of its own, and returns that batch's tables as Arrow IPC streams, its manifest rows and
-its summary counts. A large object cut into slices returns one such batch per slice.
+its summary counts. An object of more than one chunk returns one such batch per chunk,
+cut where a local run may cut it (``Slice.cut``): only the driver knows where a local run
+would have, since that depends on the rows of the objects before it in its batch, so the
+driver joins the pieces into the slices a local run makes (``hybridtrace.spark.ingest``).
 Everything here is picklable and imports PySpark nowhere: the same functions run under
 a test without Spark.
 """
@@ -23,7 +26,8 @@ import pyarrow as pa
 
 from hybridtrace.buckets import ObjectRef, bucket
 from hybridtrace.ingest.batch import Batch
-from hybridtrace.ingest.run import IngestOptions, _Ingest
+from hybridtrace.ingest.formats.base import Parsed
+from hybridtrace.ingest.run import CHUNK_BYTES, IngestOptions, _Ingest, _ObjectReader
 from hybridtrace.ingest.summary import IngestSummary
 
 if TYPE_CHECKING:
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
 # The summary counts an executor's read adds to; rows and duplicates are counted by the
 # driver's commit, which is where they are deduped.
 SUMMED = ("objects_seen", "objects_read", "objects_skipped", "bytes_read", "rejects", "errors")
+# A piece's manifest row says so when a parse in it set the row's engine id: a row joined
+# from pieces takes the engine id of the last piece that set one (see spark.ingest.join_row).
+ENGINE_PARSED = "_engine_parsed"
 
 
 @dataclass
@@ -43,6 +50,7 @@ class Task:
     last: dict | None  # its latest read (``previous_reads``), or None
     failed: dict | None  # its latest failed read, or None
     options: IngestOptions
+    chunk_bytes: int = CHUNK_BYTES  # the driver's: pieces end where its local read's chunks would
 
 
 @dataclass
@@ -51,6 +59,9 @@ class Slice:
 
     tables: list[tuple[str, bytes]] = field(default_factory=list)
     sources: list[dict] = field(default_factory=list)
+    # it ends after a chunk, where a local run cuts when its batch is full: the driver
+    # decides whether the next piece goes on in this piece's manifest row or in a new one
+    cut: bool = False
 
 
 @dataclass
@@ -100,16 +111,25 @@ def table_of(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def _slice_of(batch: Batch) -> Slice:
+def _slice_of(batch: Batch, cut: bool = False) -> Slice:
     tables = [(name, _ipc(part)) for name, parts in batch.tables.items() for part in parts]
-    return Slice(tables, batch.sources)
+    return Slice(tables, batch.sources, cut)
 
 
 _shared: dict[str, duckdb.DuckDBPyConnection] = {}  # per executor process: the parsers' connection
 
 
+class _PieceReader(_ObjectReader):
+    """A local run's reader that notes, in each manifest row, whether a parse set its engine id."""
+
+    def _took(self, row: dict, parsed: Parsed) -> None:
+        if parsed.engine_id is not None:
+            row[ENGINE_PARSED] = True
+
+
 class _Detached(_Ingest):
-    """A run over one object with no store: a full batch is kept as a slice, not committed."""
+    """A run over one object with no store: the object is cut after every chunk (each place
+    a local run may cut it), and each piece kept as a slice, not committed."""
 
     def __init__(self, task: Task) -> None:
         uri = task.obj.uri
@@ -117,6 +137,7 @@ class _Detached(_Ingest):
         super().__init__(None, task.options, reads)
         self.slices: list[Slice] = []
         self.commit_after = False
+        self.chunk_bytes = task.chunk_bytes
 
     @property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -128,14 +149,21 @@ class _Detached(_Ingest):
             _shared["con"] = duckdb.connect(":memory:")
         return _shared["con"]
 
+    def slice_due(self) -> bool:
+        return True  # whether a local run would cut here is the driver's to say
+
+    def new_reader(self, obj: ObjectRef, fingerprint: str, version: str | None, compressed: bool,
+                   fmt: str | None, engine_id: str | None) -> _ObjectReader:  # fmt: skip
+        return _PieceReader(self, obj, fingerprint, version, compressed, fmt, engine_id)
+
     def maybe_commit(self, force: bool = False) -> None:
         if not force:
             self.commit_after = True
             return
-        # Forced only when a large object is cut into slices: the slice so far is one batch,
-        # and the read goes on in the next (the driver commits them in this order).
+        # Forced only where the reader cuts an object after a chunk: the piece so far is one
+        # slice, and the read goes on in the next (the driver joins or commits them in order).
         if self.batch.sources:
-            self.slices.append(_slice_of(self.batch))
+            self.slices.append(_slice_of(self.batch, cut=True))
             self.batch = Batch()
 
     def wait(self) -> None:
