@@ -31,6 +31,9 @@ import servers
 from hybridtrace.ingest.run import ingest
 from hybridtrace.simulate import SimOptions, parse_inject, simulate
 
+# the Spark tier's bucket server and session (module-scoped, one pair per Spark test file)
+pytest_plugins = ["sparkfixtures"]
+
 # The demo's injections (hybridtrace.demo) on a shorter stretch of traffic: a slow decode
 # rank, some padded state, a few failed and expired reads.
 DEMO_INJECT = "slow_rank,padding_leak=0.1,transfer_failed=0.02,kv_expired=0.02"

@@ -23,8 +23,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import servers
-from test_spark_ingest import REQUIRE, _have_spark
 from tracegen import engine_record, record, release_record, write_jsonl
 from typer.testing import CliRunner
 
@@ -38,32 +36,6 @@ from hybridtrace.store.analysis import open_analysis
 MIDNIGHT = 1_776_816_000.0  # 2026-04-22 00:00:00 UTC
 # A state row's run stamp; everything else of the state must be equal.
 STATE_PER_RUN = {"ran_at", "batches"}
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """The loopback S3 server, started before Spark so its executors' environment has it."""
-    if not REQUIRE:
-        pytest.importorskip("moto.server")
-        if not _have_spark():
-            pytest.skip("the spark tier needs PySpark and Java (pip install '.[spark]')")
-    with servers.moto_s3() as srv, pytest.MonkeyPatch.context() as patch:
-        for name, value in srv.env.items():
-            patch.setenv(name, value)
-        srv.make_bucket("telemetry")
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def spark(s3):
-    from hybridtrace.spark.session import open_session, spark_options
-
-    # the bucket's settings for the executors as spark.executorEnv: an earlier module's JVM,
-    # still running in this process, holds the environment of that module's server
-    conf = {"spark.sql.shuffle.partitions": 2, **{f"spark.executorEnv.{k}": v for k, v in s3.env.items()}}
-    session = open_session(spark_options(master="local[2]", conf=conf))
-    yield session
-    session.stop()
 
 
 def _scope(spark):
@@ -197,12 +169,13 @@ def _json(result) -> dict:
 
 @pytest.mark.spark
 @pytest.mark.servers
-def test_bucket_ingest_analyze_cli(spark, s3, tmp_path):
+def test_bucket_ingest_analyze_cli(spark, spark_s3, tmp_path):
     bundle = _bundle(tmp_path, requests=60)
     for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
-        s3.put(f"telemetry/in/{path.relative_to(bundle)}", path.read_bytes())
+        spark_s3.put(f"telemetry/in/{path.relative_to(bundle)}", path.read_bytes())
     runner = CliRunner()
-    prefix, stores = s3.uri("telemetry/in"), {e: s3.uri(f"telemetry/store-{e}") for e in ("local", "spark")}
+    prefix = spark_s3.uri("telemetry/in")
+    stores = {e: spark_s3.uri(f"telemetry/store-{e}") for e in ("local", "spark")}
     for engine, store in stores.items():
         extra = ["--engine", "spark", "--spark-master", "local[2]"] if engine == "spark" else []
         got = runner.invoke(app, ["ingest", prefix, "--store", store, "-q", "--format", "json", *extra])

@@ -13,12 +13,9 @@ failure instead.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +23,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import servers
 from test_buckets import changes, initial_objects
 from tracegen import transfer_records
 from typer.testing import CliRunner
@@ -39,8 +35,6 @@ from hybridtrace.ingest.run import ingest
 from hybridtrace.simulate import SimOptions, simulate
 from hybridtrace.store import Store
 
-REQUIRE = os.environ.get("HYBRIDTRACE_REQUIRE_SPARK") == "1"
-
 # Stamped by each run, so two local runs differ in them too: the batch a row was committed
 # in and the time it was read (a ring's ``read_at`` is its read time as well), and the id of
 # a manifest row that notes an object gone (made of that time, so an object can go twice).
@@ -48,36 +42,6 @@ PER_RUN = {"batch_id", "ingested_at", "read_at"}
 TABLES = (*DATA_TABLES, "agent_map", "nixlbench_points", "sources")
 # A summary's timings and what the commit measured of the store say nothing about the engine.
 SUMMARY_PER_RUN = {"seconds", "mb_per_s"}
-
-
-def _have_spark() -> bool:
-    return importlib.util.find_spec("pyspark") is not None and shutil.which("java") is not None
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """The loopback S3 server, started before Spark so its executors' environment has it."""
-    if not REQUIRE:
-        pytest.importorskip("moto.server")
-        if not _have_spark():
-            pytest.skip("the spark tier needs PySpark and Java (pip install '.[spark]')")
-    with servers.moto_s3() as srv, pytest.MonkeyPatch.context() as patch:
-        for name, value in srv.env.items():
-            patch.setenv(name, value)
-        srv.make_bucket("telemetry")
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def spark(s3):
-    from hybridtrace.spark.session import open_session, spark_options
-
-    # the bucket's settings for the executors as spark.executorEnv: an earlier module's JVM,
-    # still running in this process, holds the environment of that module's server
-    conf = {"spark.sql.shuffle.partitions": 2, **{f"spark.executorEnv.{k}": v for k, v in s3.env.items()}}
-    session = open_session(spark_options(master="local[2]", conf=conf))
-    yield session
-    session.stop()
 
 
 def _reader(spark):
@@ -231,11 +195,11 @@ def test_sliced_objects_spark_equals_local(spark, small_slices, tmp_path):
 
 
 @pytest.mark.spark
-def test_bucket_spark_equals_local(spark, s3, tmp_path):
-    prefix = s3.uri("telemetry/logs")
+def test_bucket_spark_equals_local(spark, spark_s3, tmp_path):
+    prefix = spark_s3.uri("telemetry/logs")
     first = initial_objects()
     for name, data in first.items():
-        s3.put(f"telemetry/logs/{name}", data)
+        spark_s3.put(f"telemetry/logs/{name}", data)
     reader = _reader(spark)
     local = ingest([prefix], tmp_path / "local")
     on_spark = ingest([prefix], tmp_path / "spark", read_objects=reader)
@@ -245,9 +209,9 @@ def test_bucket_spark_equals_local(spark, s3, tmp_path):
 
     put, deleted = changes()  # new objects, a grown log, a deleted scrape
     for name, data in put.items():
-        s3.put(f"telemetry/logs/{name}", data)
+        spark_s3.put(f"telemetry/logs/{name}", data)
     for name in deleted:
-        s3.delete(f"telemetry/logs/{name}")
+        spark_s3.delete(f"telemetry/logs/{name}")
     local = ingest([prefix], tmp_path / "local")
     on_spark = ingest([prefix], tmp_path / "spark", read_objects=reader)
     assert local.objects_read == len(put) and local.objects_gone == len(deleted)

@@ -316,5 +316,7 @@ def _analyze(
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
     result = Analysis(None, inputs, summary, source=(con, kept))
+    for key in [k for k, unread in _UNREAD.items() if not unread]:  # connections long gone
+        del _UNREAD[key]
     _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
     return result
