@@ -105,6 +105,7 @@ TABLES = (
     "analysis_requests",
     "analysis_findings",
     "analysis_rank_windows",
+    "analysis_counts",
 )
 DERIVED = ("engine_models",)
 

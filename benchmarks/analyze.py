@@ -198,7 +198,8 @@ def incremental(args: argparse.Namespace) -> None:
 def _state_files(store: Path) -> set[Path]:
     """Every file of the analysis state and every commit record: what a state batch adds."""
     found = {p for p in (store / "sources").glob("part-*.parquet")}
-    for table in ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows"):
+    for table in ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows",
+                  "analysis_counts"):
         found |= set((store / table).rglob("*.parquet"))
     return found
 

@@ -36,6 +36,17 @@ FROM rank_link_fits
 WHERE bandwidth_ratio IS NOT NULL
 GROUP BY ALL;
 
+-- _critical_path_leads: per decode rank, the requests whose slowest read it made (a view of
+-- its own: the incremental analysis reads these counts from its state, not from every read).
+CREATE OR REPLACE VIEW _critical_path_leads AS
+SELECT engine_id, slowest_rank AS rank, count(*) AS requests_led
+FROM _request_reads WHERE slowest_rank IS NOT NULL
+GROUP BY ALL;
+
+-- _critical_path_requests: per decode engine, the requests with a critical path.
+CREATE OR REPLACE VIEW _critical_path_requests AS
+SELECT engine_id, count(*) AS requests FROM _request_reads WHERE critical_path_s IS NOT NULL GROUP BY ALL;
+
 -- finding_slow_rank: a rank slower than its peers in most windows, and how often it set the
 -- handoff's critical path (was the slowest read of a request). The evidence says whether
 -- the fitted link agrees (fit_agrees: its fitted bandwidth is below slow_rank_fit_ratio of
@@ -49,14 +60,8 @@ WITH judged AS (
            median(peer_median_gb_s) AS peer_median_gb_s
     FROM _rank_windows GROUP BY ALL
 ),
-critical AS (
-    SELECT engine_id, slowest_rank AS rank, count(*) AS requests_led
-    FROM _request_reads WHERE slowest_rank IS NOT NULL
-    GROUP BY ALL
-),
-requests_per_engine AS (
-    SELECT engine_id, count(*) AS requests FROM _request_reads WHERE critical_path_s IS NOT NULL GROUP BY ALL
-)
+critical AS (SELECT * FROM _critical_path_leads),
+requests_per_engine AS (SELECT * FROM _critical_path_requests)
 SELECT
     'slow_rank' AS kind, 'warning' AS severity, j.engine_id, j.rank, CAST(NULL AS VARCHAR) AS request_id,
     CAST(NULL AS VARCHAR) AS remote_engine_id, CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,

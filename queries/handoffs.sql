@@ -82,6 +82,11 @@ FROM requests r
 JOIN _request_reads x USING (engine_id, request_id)
 LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id;
 
+-- _timed_prefill_handoffs: how many handoffs have a prefill time, measured or predicted from
+-- the prompt rate (recompute_cheaper's inputs; the incremental analysis keeps the count).
+CREATE OR REPLACE VIEW _timed_prefill_handoffs AS
+SELECT count(*) AS handoffs FROM handoffs WHERE prefill_s IS NOT NULL;
+
 -- transfer_vs_recompute: X against R per missing-prefix bucket, at the bucket's p50, p95
 -- and maximum (an average would route tail requests into a saturated link).
 --

@@ -178,7 +178,7 @@ def test_every_request_rule_is_stored_and_the_others_recomputed():
 
 
 def test_state_tables_are_partitioned_like_the_data():
-    for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows"):
+    for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_counts"):
         assert table_schema(name).partition == ("day", "engine_id")
 
 

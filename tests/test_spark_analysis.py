@@ -108,7 +108,9 @@ def close(a: object, b: object, where: str = "") -> None:
 def _state(root: Path) -> dict[str, list[dict]]:
     con = open_analysis(root, views=False)
     out = {}
-    for table in ("analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_runs"):
+    for table in (
+        "analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_counts", "analysis_runs"
+    ):
         rows = con.sql(f"SELECT * FROM {table}").arrow().read_all().to_pylist()
         rows = [{k: v for k, v in r.items() if k not in STATE_PER_RUN} for r in rows]
         out[table] = sorted(rows, key=lambda r: json.dumps(r, default=str, sort_keys=True))

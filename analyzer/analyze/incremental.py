@@ -21,11 +21,16 @@ native-metrics rules (the intervals; the failed and expired reads ``_named_event
 and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
 merged state instead of recomputing it, so its result equals a full analysis'.
 
-The state is four store tables (``analysis_*``, schemas beside the others), written as one
+The fleet-wide sums those rules read (byte totals, critical-path leads, handoffs with a
+prefill time, engine pairs) are not summed over every rollup each run: each run stores the
+change it made to them (``analysis_counts``: its rollups' counts less those of the rollups
+they replace), and the counts are the sum of the changes since the last full run.
+
+The state is five store tables (``analysis_*``, schemas beside the others), written as one
 batch with the store's commit protocol under the writer lock; every row carries the run's
-``seq`` and a row counts while it is the newest for its key since the last full run, so a
-compaction that merges state files of many runs changes nothing, and a run killed before its
-commit leaves the state as it was.
+``seq`` and a row counts while it is the newest for its key since the last full run (a
+change counts from the last full run on), so a compaction that merges state files of many
+runs changes nothing, and a run killed before its commit leaves the state as it was.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 2
+STATE_VERSION = 3
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -329,10 +334,13 @@ class IncrementalRun:
             else "SELECT x.* EXCLUDE (seq, day) FROM analysis_requests x "
             f"{current} AND x.engine_id IS NOT NULL UNION ALL BY NAME"
         )
+        # a view: what reads it (the untimed handoffs, the failed and expired reads) wants a few
+        # rows, which its filters pick from the stored files; the sums come from _current_counts
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _merged_requests AS "
+            "CREATE OR REPLACE TEMP VIEW _merged_requests AS "
             f"{stored_requests} SELECT * EXCLUDE (day) FROM _scope_rollups"
         )
+        self._counts(full_seq)
         stored_findings = (
             ""
             if self.full
@@ -356,6 +364,53 @@ class IncrementalRun:
             WHERE {window_keep}
             UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
             """
+        )
+
+    def _counts(self, full_seq: int) -> None:
+        """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
+        the rollups they replace) and ``_current_counts`` (every count, state and change)."""
+        con = self.con
+        scope_counts = _COUNTS.format(rollups="_scope_rollups")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_counts AS {scope_counts}")
+        if self.full:
+            con.execute("CREATE OR REPLACE TEMP TABLE _run_counts AS SELECT * FROM _scope_counts")
+        else:
+            # the rollups of the scope's ids that counted until now: the newest of each id's
+            # since the last full run (as _merged_requests reads the others); a short list of
+            # ids is spelled out, so that the scan filters the stored rows as it reads them
+            ids = [i for (i,) in con.sql("SELECT request_id FROM _scope_ids").fetchall()]
+            scoped = (
+                "request_id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
+                if 0 < len(ids) <= 2000
+                else "request_id IN (SELECT request_id FROM _scope_ids)"
+            )
+            replaced = f"""(
+                SELECT x.* FROM (SELECT * FROM analysis_requests WHERE {scoped}) x
+                LEFT JOIN (SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
+                           WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped}
+                           GROUP BY request_id) m ON m.request_id = x.request_id
+                WHERE x.seq >= {full_seq} AND x.engine_id IS NOT NULL
+                  AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+            con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE _run_counts AS
+                SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
+                    SELECT * FROM _scope_counts
+                    UNION ALL SELECT engine_id, day, counter, key, -value
+                    FROM ({_COUNTS.format(rollups=replaced)})
+                ) GROUP BY ALL HAVING sum(value) <> 0
+                """
+            )
+        stored = (
+            ""
+            if self.full
+            else "SELECT engine_id, counter, key, value FROM analysis_counts "
+            f"WHERE seq >= {full_seq} UNION ALL "
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _current_counts AS SELECT engine_id, counter, key, "
+            f"CAST(sum(value) AS BIGINT) AS value FROM ({stored}SELECT engine_id, counter, key, value "
+            "FROM _run_counts) GROUP BY ALL"
         )
 
     def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
@@ -401,9 +456,12 @@ class IncrementalRun:
         )
         replacements.update({
             "_accounting_totals": _TOTALS,
-            "_request_reads": "SELECT engine_id, request_id, slowest_rank, critical_path_s "
-                              "FROM _merged_requests WHERE has_reads",
-            "handoffs": "SELECT prefill_s FROM _merged_requests WHERE handoff",
+            "_critical_path_leads": "SELECT engine_id, CAST(key AS INTEGER) AS rank, value AS requests_led "
+                                    "FROM _current_counts WHERE counter = 'led' AND value > 0",
+            "_critical_path_requests": "SELECT engine_id, value AS requests FROM _current_counts "
+                                       "WHERE counter = 'critical_path' AND value > 0",
+            "_timed_prefill_handoffs": "SELECT coalesce(sum(value), 0) AS handoffs FROM _current_counts "
+                                       "WHERE counter = 'handoff_prefill'",
             "_rank_windows": _RANK_WINDOWS,
         })  # fmt: skip
         # the views that read only these few columns of the reads read them from the rollups,
@@ -479,17 +537,20 @@ class IncrementalRun:
         )
         tables = {
             "analysis_runs": runs,
+            # in request id order: a later run looks up its scope's ids, and the row groups'
+            # statistics then skip the groups that hold none of them
             "analysis_requests": _arrow(
                 con,
                 f"SELECT {seq} AS seq, * FROM _scope_rollups "
-                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers})",
+                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers}) ORDER BY request_id, engine_id",
             ),
             "analysis_findings": _arrow(
                 con,
                 f"SELECT {seq} AS seq, f.*, d.day FROM _scope_findings f "
-                "LEFT JOIN _scope_days d ON d.request_id = f.request_id",
+                "LEFT JOIN _scope_days d ON d.request_id = f.request_id ORDER BY f.request_id",
             ),
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
+            "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
         }
         return tables
 
@@ -590,34 +651,76 @@ WHERE t.status = 'ok' AND t.xfer_s > 0
 GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
 """
 
-_TOTALS = """
-SELECT coalesce(sum(reads), 0) AS reads, coalesce(sum(reads_ok), 0) AS reads_ok,
-       coalesce(sum(reads_sized), 0) AS reads_sized,
-       sum(logical_bytes) AS logical_bytes, sum(expected_bytes) AS expected_bytes,
-       sum(reserved_bytes) AS reserved_bytes, sum(transported_bytes) AS transported_bytes,
-       sum(sized_transported_bytes) AS sized_transported_bytes
-FROM _merged_requests WHERE reads IS NOT NULL
+# The counts of a relation of rollups (as _scope_rollups has them), per (engine, day): the
+# sums _accounting_totals, slow_rank and recompute_cheaper's inputs read, and each request's
+# prefill engines (_config_pairs). A byte sum has its count of requests with a value beside it,
+# so that a sum over none stays null. Summed over runs they are the counts of the current rollups.
+_COUNTS = """
+WITH r AS (SELECT * FROM {rollups}),
+sums AS (
+    SELECT engine_id, day,
+           CAST(sum(reads) AS BIGINT) AS reads, CAST(sum(reads_ok) AS BIGINT) AS reads_ok,
+           CAST(sum(reads_sized) AS BIGINT) AS reads_sized,
+           CAST(sum(logical_bytes) AS BIGINT) AS logical_bytes, count(logical_bytes) AS logical_bytes_n,
+           CAST(sum(expected_bytes) AS BIGINT) AS expected_bytes, count(expected_bytes) AS expected_bytes_n,
+           CAST(sum(reserved_bytes) AS BIGINT) AS reserved_bytes, count(reserved_bytes) AS reserved_bytes_n,
+           CAST(sum(transported_bytes) AS BIGINT) AS transported_bytes,
+           count(transported_bytes) AS transported_bytes_n,
+           CAST(sum(sized_transported_bytes) AS BIGINT) AS sized_transported_bytes,
+           count(sized_transported_bytes) AS sized_transported_bytes_n,
+           count(*) FILTER (WHERE handoff AND prefill_s IS NOT NULL) AS handoff_prefill,
+           count(*) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL) AS critical_path
+    FROM r GROUP BY ALL
+),
+pairs AS (
+    SELECT engine_id, day, remote_engine_id AS remote FROM r WHERE remote_count = 1
+    UNION ALL
+    SELECT engine_id, day, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
+    WHERE remote_count > 1
+    UNION ALL SELECT engine_id, day, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
+)
+SELECT engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value
+FROM (UNPIVOT sums ON COLUMNS(* EXCLUDE (engine_id, day)) INTO NAME counter VALUE value)
+UNION ALL
+SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), count(*) FROM r
+WHERE has_reads AND slowest_rank IS NOT NULL GROUP BY ALL
+UNION ALL
+SELECT engine_id, day, 'pair', remote, count(*) FROM pairs GROUP BY ALL
 """
 
-# What _config_pairs and _named_events read of the reads, from the rollups: each request's
-# prefill engines, and its failed and expired reads (one row per failed read, one per
-# prefill engine of its expired ones: what those views count).
+_TOTALS = """
+SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
+       coalesce(sum(value) FILTER (WHERE counter = 'reads_ok'), 0) AS reads_ok,
+       coalesce(sum(value) FILTER (WHERE counter = 'reads_sized'), 0) AS reads_sized,
+""" + ",\n".join(
+    f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
+    f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
+    for name in (
+        "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes"
+    )
+) + """
+FROM _current_counts
+"""
+
+# What _config_pairs and _named_events read of the reads, from the state: each request's
+# prefill engines (the pair counts), and its failed and expired reads (one row per failed read,
+# one per prefill engine of its expired ones: what those views count).
 _TRANSFER_PAIRS = """
-SELECT DISTINCT engine_id, remote_engine_id FROM _merged_requests WHERE remote_count = 1
-UNION ALL
-SELECT engine_id, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) AS remote_engine_id
-FROM _merged_requests WHERE remote_count > 1
-UNION ALL SELECT engine_id, CAST(NULL AS VARCHAR) FROM _merged_requests WHERE null_remote
+SELECT engine_id, key AS remote_engine_id FROM _current_counts WHERE counter = 'pair' AND value > 0
 """
 _NOT_OK_TRANSFERS = """
+WITH notable AS MATERIALIZED (
+    SELECT engine_id, request_id, failed_reads, expired_remotes, expired_null_remote FROM _merged_requests
+    WHERE failed_reads > 0 OR expired_remotes IS NOT NULL OR expired_null_remote
+)
 SELECT engine_id, request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, 'failed' AS status
-FROM (SELECT * FROM _merged_requests WHERE failed_reads > 0), range(failed_reads)
+FROM (SELECT * FROM notable WHERE failed_reads > 0), range(failed_reads)
 UNION ALL
 SELECT engine_id, request_id, unnest(CAST(json_extract_string(expired_remotes, '$[*]') AS VARCHAR[])),
        'expired'
-FROM _merged_requests WHERE expired_remotes IS NOT NULL
+FROM notable WHERE expired_remotes IS NOT NULL
 UNION ALL
-SELECT engine_id, request_id, CAST(NULL AS VARCHAR), 'expired' FROM _merged_requests WHERE expired_null_remote
+SELECT engine_id, request_id, CAST(NULL AS VARCHAR), 'expired' FROM notable WHERE expired_null_remote
 """
 
 _RANK_WINDOWS = """

@@ -212,41 +212,37 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     caller checks that, group by group. Nothing of the millions of reads is sorted.
     """
     keys = list(_GROUPS["rank"])
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _fit_reads AS {reads_sql}")
+    # two scans of the store's reads rather than one copy of them read twice: DuckDB reads
+    # the few columns each scan needs straight from Parquet faster than from a temporary table
+    finest = pl.from_arrow(
+        con.sql(f"SELECT {', '.join(keys)}, count(*) AS n FROM ({reads_sql}) GROUP BY ALL").to_arrow_table()
+    )
+    if finest.height == 0:
+        return finest, pl.DataFrame()
+    # each finest group: the highest threshold of the groups it belongs to
+    limit = pl.lit(float(_OVERSAMPLE * MAX_FIT_READS))
+    thresholds = []
+    for scope, group_keys in _GROUPS.items():
+        sizes = finest.filter(_in_scope(scope))
+        size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
+        thresholds.append(sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share")))
+    shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
+    cut = shares.with_columns(
+        pl.when(pl.col("share") >= 1.0)
+        .then(pl.lit(None, pl.UInt64))
+        .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
+        .alias("below")
+    ).drop("share")
+    con.register("_fit_cut", cut.to_arrow())
     try:
-        finest = pl.from_arrow(
-            con.sql(f"SELECT {', '.join(keys)}, count(*) AS n FROM _fit_reads GROUP BY ALL").to_arrow_table()
-        )
-        if finest.height == 0:
-            return finest, pl.DataFrame()
-        # each finest group: the highest threshold of the groups it belongs to
-        limit = pl.lit(float(_OVERSAMPLE * MAX_FIT_READS))
-        thresholds = []
-        for scope, group_keys in _GROUPS.items():
-            sizes = finest.filter(_in_scope(scope))
-            size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
-            thresholds.append(
-                sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share"))
-            )
-        shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
-        cut = shares.with_columns(
-            pl.when(pl.col("share") >= 1.0)
-            .then(pl.lit(None, pl.UInt64))
-            .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
-            .alias("below")
-        ).drop("share")
-        con.register("_fit_cut", cut.to_arrow())
-        try:
-            kept = pl.from_arrow(con.sql(
-                "SELECT r.* FROM _fit_reads r JOIN _fit_cut c ON "
-                + " AND ".join(f"r.{k} IS NOT DISTINCT FROM c.{k}" for k in keys)
-                + " WHERE c.below IS NULL OR r.h < c.below"
-            ).to_arrow_table())  # fmt: skip
-        finally:
-            con.unregister("_fit_cut")
-        return finest, kept
+        kept = pl.from_arrow(con.sql(
+            f"SELECT r.* FROM ({reads_sql}) r JOIN _fit_cut c ON "
+            + " AND ".join(f"r.{k} IS NOT DISTINCT FROM c.{k}" for k in keys)
+            + " WHERE c.below IS NULL OR r.h < c.below"
+        ).to_arrow_table())  # fmt: skip
     finally:
-        con.execute("DROP TABLE IF EXISTS _fit_reads")
+        con.unregister("_fit_cut")
+    return finest, kept
 
 
 def _bench_points(con) -> pl.DataFrame:
@@ -294,9 +290,16 @@ def link_fits_frame(con) -> pl.DataFrame:
     if finest.height == 0:
         finest, kept, source = *_sampled_reads(con, _RING_READS), "nixl"
     rows: list[dict] = []
+    # a group made of the same finest groups as one fitted before (one pair on one link: its
+    # pair, link and fleet fits) holds the same reads, so it has the same sample and fit
+    fitted: dict[frozenset, tuple] = {}
+    finest_keys = list(_GROUPS["rank"])
     for scope, keys in _GROUPS.items():
         if finest.height == 0:
             break
+        members: dict[tuple, set] = {}
+        for row in finest.filter(_in_scope(scope)).select(finest_keys).iter_rows():
+            members.setdefault(tuple(row[finest_keys.index(k)] for k in keys), set()).add(row)
         sizes = finest.filter(_in_scope(scope))
         # in key order: the fits come out in the same order whatever order the scan gave
         sizes = (
@@ -305,39 +308,68 @@ def link_fits_frame(con) -> pl.DataFrame:
             else sizes.select(pl.col("n").sum())
         )
         chosen = kept.filter(_in_scope(scope))
+        if all(frozenset(m) in fitted for m in members.values()):
+            chosen = chosen.clear()  # every group's fit is known: no reads to split
+        # each group's reads below its own threshold (as _sampled_reads computes it), cut in one
+        # pass before the groups are split: its sample is the lowest of them
+        own = sizes.select(
+            *keys,
+            pl.when(pl.col("n") > MAX_FIT_READS)
+            .then((_OVERSAMPLE * MAX_FIT_READS / pl.col("n")).clip(upper_bound=1.0))
+            .otherwise(1.0)
+            .alias("share"),
+        ).with_columns(
+            pl.when(pl.col("share") >= 1.0)
+            .then(pl.lit(None, pl.UInt64))
+            .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
+            .alias("own_below")
+        ).drop("share")
+        if keys:
+            chosen = chosen.join(own, on=list(keys), how="left", nulls_equal=True)
+        else:
+            below = own["own_below"][0] if own.height else None
+            chosen = chosen.with_columns(pl.lit(below, pl.UInt64).alias("own_below"))
+        chosen = chosen.filter(pl.col("own_below").is_null() | (pl.col("h") < pl.col("own_below")))
         groups = chosen.partition_by(list(keys), as_dict=True) if keys else {(): chosen}
         for size in sizes.iter_rows(named=True):
             values = tuple(size[k] for k in keys)
             reads_in_group = size["n"]
             if reads_in_group < MIN_TRANSFERS:
                 continue
-            group = groups.get(values, chosen.clear())
-            if reads_in_group > MAX_FIT_READS:
-                # the group's own threshold (as _sampled_reads computes it): its sample is the
-                # lowest of the reads below it, when at least a sample's worth fell there
-                share = _OVERSAMPLE * MAX_FIT_READS / reads_in_group
-                below = group.filter(pl.col("h") < int(share * _HASH_SPACE)) if share < 1.0 else group
-                if below.height < MAX_FIT_READS:
-                    group = _whole_group(con, source, dict(zip(keys, values, strict=True)))
-                group = group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
-            else:
-                group = group.sort("h", "xfer_s", "bytes", "descriptors")
-            # a read without a descriptor count would drop out of a fit with the term: leave it out
-            counted = group["descriptors"].null_count() == 0
-            fit = fit_link(group, descriptors="descriptors" if counted else None)
+            same = frozenset(members[values])
+            if same not in fitted:
+                group = groups.get(values, chosen.clear())
+                fitted[same] = _fit_group(con, source, group, keys, values, reads_in_group)
+            fit, descriptors, group_bytes = fitted[same]
             if fit is None:
                 continue
-            descriptors = group["descriptors"].sum() if counted else None
             rows.append({
                 "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
                 "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
                 "fixed_s": fit.fixed_s,
                 "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
-                "bytes_per_descriptor": group["bytes"].sum() / descriptors if descriptors else None,
+                "bytes_per_descriptor": group_bytes / descriptors if descriptors else None,
                 "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
             })  # fmt: skip
     rows += _bench_fits(con)
     return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
+
+
+def _fit_group(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,
+               reads_in_group: int) -> tuple[LinkFit | None, int | None, int]:  # fmt: skip
+    """(the fit of one group from its reads below its threshold, its sample's descriptors and bytes)."""
+    if reads_in_group > MAX_FIT_READS:
+        # too few reads fell below the threshold for a sample: read the whole group
+        if group.height < MAX_FIT_READS:
+            group = _whole_group(con, source, dict(zip(keys, values, strict=True)))
+        group = group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
+    else:
+        group = group.sort("h", "xfer_s", "bytes", "descriptors")
+    # a read without a descriptor count would drop out of a fit with the term: leave it out
+    counted = group["descriptors"].null_count() == 0
+    fit = fit_link(group, descriptors="descriptors" if counted else None)
+    descriptors = group["descriptors"].sum() if counted else None
+    return fit, descriptors, group["bytes"].sum()
 
 
 def _whole_group(con, source: str, values: dict) -> pl.DataFrame:

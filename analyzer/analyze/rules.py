@@ -129,7 +129,7 @@ RULES: tuple[Rule, ...] = (
          "SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM log_events)",
          "requests and log events", basis="named"),
     Rule("recompute_cheaper", "findings_requests", ("recompute_cheaper",), "request",
-         "SELECT (SELECT count(*) FROM handoffs WHERE prefill_s IS NOT NULL)"
+         "SELECT (SELECT handoffs FROM _timed_prefill_handoffs)"
          " + (SELECT count(*) FROM _fitted_handoffs WHERE prefill_s IS NOT NULL)",
          "handoffs with a prefill time (measured, or predicted by the fitted link)",
          ("recompute_margin", "prefill_tokens_per_s"),
