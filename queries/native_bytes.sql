@@ -21,38 +21,8 @@
 CREATE OR REPLACE MACRO _block_offset(x, p) AS
     least(fmod(fmod(x, p) + p, p), p - fmod(fmod(x, p) + p, p));
 
--- interval_bytes: the verdict of every interval of an engine the byte model can size.
---
--- The question is first all or nothing (every read padded, or none). When neither fits,
--- the view asks how many of the n reads could have sent padded state: m reads add
--- m·(S_padded − S), so it keeps the m in 1..n−1 for which total − n·S − m·(S_padded − S)
--- is a multiple of P. One value explains the interval; several mean the data cannot tell
--- them apart; none means something else moved.
---
--- @column engine_id             engine of the interval
--- @column source_kind           'log' or 'prometheus'
--- @column start_ts              interval start, epoch s
--- @column end_ts                interval end, epoch s
--- @column transfers             n: successful reads in the interval
--- @column total_bytes           bytes the interval reports (exact for Prometheus, estimated for logs)
--- @column tolerance_bytes       how far the log's rounding can put total_bytes off (0 for Prometheus)
--- @column block_bytes           P: one attention block of one rank (block_tokens × B)
--- @column state_bytes           S: one state snapshot of one rank, unpadded
--- @column padded_state_bytes    S as padded pages
--- @column padding_layers_bytes  L: the padding layers' pages of one state snapshot (0 without)
--- @column clean_off_bytes       distance of total − n·S from the nearest multiple of P
--- @column padded_off_bytes      distance of total − n·S_padded from the nearest multiple of P
--- @column layers_off_bytes      distance of total − n·(S_padded + L) from it (null without padding layers)
--- @column clean_fit             the unpadded reading fits (clean_off_bytes within the tolerance)
--- @column padded_fit            the padded reading fits
--- @column fitting               the partial counts m that fit, when all-or-nothing does not
--- @column fitting_counts        how many partial values of m fit
--- @column with_padding_layers   the padded reading that fits includes the padding layers' pages
--- @column padded_reads          reads that sent padded state: 0, n, the one partial m that fits, or
---                               null when the data cannot say
--- @column verdict               'unpadded', 'padded' (every read), 'partly padded', 'undecidable'
---                               or 'unexplained'
-CREATE OR REPLACE VIEW interval_bytes AS
+-- _interval_verdicts(excluded): interval_bytes (below) of the engines not in the list `excluded`.
+CREATE OR REPLACE MACRO _interval_verdicts(excluded) AS TABLE
 WITH sized AS (
     -- a key of its own: the first log interval has no start, and NULL never joins
     SELECT row_number() OVER () AS interval_key,
@@ -68,6 +38,7 @@ WITH sized AS (
     FROM intervals i
     JOIN engine_models m ON m.engine_id = i.engine_id AND m.error IS NULL
     WHERE i.transfers > 0 AND m.block_tokens IS NOT NULL AND m.state_bytes > 0
+      AND NOT list_contains(excluded, i.engine_id)
 ),
 fits AS (
     SELECT interval_key,
@@ -122,6 +93,44 @@ FROM (
     )
 );
 
+-- interval_bytes: the verdict of every interval of an engine the byte model can size.
+--
+-- The question is first all or nothing (every read padded, or none). When neither fits,
+-- the view asks how many of the n reads could have sent padded state: m reads add
+-- m·(S_padded − S), so it keeps the m in 1..n−1 for which total − n·S − m·(S_padded − S)
+-- is a multiple of P. One value explains the interval; several mean the data cannot tell
+-- them apart; none means something else moved.
+--
+-- @column engine_id             engine of the interval
+-- @column source_kind           'log' or 'prometheus'
+-- @column start_ts              interval start, epoch s
+-- @column end_ts                interval end, epoch s
+-- @column transfers             n: successful reads in the interval
+-- @column total_bytes           bytes the interval reports (exact for Prometheus, estimated for logs)
+-- @column tolerance_bytes       how far the log's rounding can put total_bytes off (0 for Prometheus)
+-- @column block_bytes           P: one attention block of one rank (block_tokens × B)
+-- @column state_bytes           S: one state snapshot of one rank, unpadded
+-- @column padded_state_bytes    S as padded pages
+-- @column padding_layers_bytes  L: the padding layers' pages of one state snapshot (0 without)
+-- @column clean_off_bytes       distance of total − n·S from the nearest multiple of P
+-- @column padded_off_bytes      distance of total − n·S_padded from the nearest multiple of P
+-- @column layers_off_bytes      distance of total − n·(S_padded + L) from it (null without padding layers)
+-- @column clean_fit             the unpadded reading fits (clean_off_bytes within the tolerance)
+-- @column padded_fit            the padded reading fits
+-- @column fitting               the partial counts m that fit, when all-or-nothing does not
+-- @column fitting_counts        how many partial values of m fit
+-- @column with_padding_layers   the padded reading that fits includes the padding layers' pages
+-- @column padded_reads          reads that sent padded state: 0, n, the one partial m that fits, or
+--                               null when the data cannot say
+-- @column verdict               'unpadded', 'padded' (every read), 'partly padded', 'undecidable'
+--                               or 'unexplained'
+CREATE OR REPLACE VIEW interval_bytes AS SELECT * FROM _interval_verdicts([]);
+
+-- _untraced_interval_bytes: interval_bytes of the engines the connector trace does not cover,
+-- all the native rules read (the search over partial counts skips the others' intervals).
+CREATE OR REPLACE VIEW _untraced_interval_bytes AS
+SELECT * FROM _interval_verdicts((SELECT coalesce(list(DISTINCT engine_id), []) FROM transfers));
+
 -- finding_native_padding: padding judged per engine from native metrics, for engines the
 -- connector trace does not cover (the trace's per-read accounting is finer). One finding
 -- per engine and source kind: 'padding_leak' when intervals show padded state, an 'info'
@@ -153,8 +162,7 @@ SELECT
         'unexplained', count(*) FILTER (WHERE verdict = 'unexplained'),
         'block_bytes', any_value(block_bytes), 'state_bytes', any_value(state_bytes),
         'padded_state_bytes', any_value(padded_state_bytes)) AS VARCHAR) AS evidence
-FROM interval_bytes
-WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
+FROM _untraced_interval_bytes
 GROUP BY engine_id, source_kind
 -- Undecidable intervals are said whenever nothing decided the question: no padded read and
 -- no interval shown unpadded (unexplained intervals decide nothing).
@@ -180,8 +188,7 @@ SELECT
         'reads', sum(transfers) FILTER (WHERE verdict = 'unexplained'),
         'block_bytes', any_value(block_bytes), 'state_bytes', any_value(state_bytes),
         'padded_state_bytes', any_value(padded_state_bytes)) AS VARCHAR) AS evidence
-FROM interval_bytes
-WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)
+FROM _untraced_interval_bytes
 GROUP BY engine_id, source_kind
 HAVING count(*) FILTER (WHERE verdict = 'unexplained') > 0;
 

@@ -54,8 +54,8 @@ _INPUT_TABLES = (
 # every read costs more than the two passes over it that the analysis makes (the totals,
 # and the few reads with excess bytes). The report, which reads them more often, adds them.
 ANALYSIS_VIEWS = (
-    "_accounting_totals", "_excess_reads", "_request_reads", "handoffs", "intervals", "interval_bytes",
-    "_rank_windows",
+    "_accounting_totals", "_excess_reads", "_request_reads", "handoffs", "intervals",
+    "_untraced_interval_bytes", "_rank_windows",
 )  # fmt: skip
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 
@@ -214,7 +214,7 @@ def analyze(
             _settle(con)
             with (
                 incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
-                materialized(con, ("intervals", "interval_bytes")),
+                materialized(con, ("intervals", "_untraced_interval_bytes")),
             ):
                 return _analyze(con, stored=(CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES)))
     _settle(con)

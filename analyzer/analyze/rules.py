@@ -100,9 +100,7 @@ KIND_LIST: tuple[Kind, ...] = (
          "not at a near tie (`hybridtrace verify`)", "verify"),
 )  # fmt: skip
 
-_NATIVE_INTERVALS = (
-    "SELECT count(*) FROM interval_bytes WHERE engine_id NOT IN (SELECT DISTINCT engine_id FROM transfers)"
-)
+_NATIVE_INTERVALS = "SELECT count(*) FROM _untraced_interval_bytes"
 _NATIVE_DOC = "intervals of engines the trace does not cover that the byte model sizes"
 
 # In the order `summary.rules` lists them.
