@@ -447,9 +447,12 @@ class IncrementalRun:
 
     @contextmanager
     def merged_views(self) -> Iterator[None]:
-        """The views ``_analyze`` reads, pointed at the merged state where it holds them."""
-        replacements = {view: f"SELECT {_COLUMNS} FROM {CURRENT_FINDINGS} WHERE rule = '{view}'"
-                        for view in _STORED_VIEWS}  # fmt: skip
+        """The views ``_analyze`` reads, pointed at the merged state where it holds them.
+
+        The stored rules' own views are left as they are: ``_analyze`` reads their findings
+        from ``CURRENT_FINDINGS`` and does not run them (and each view replaced costs a bind,
+        and its restoring another)."""
+        replacements: dict[str, str] = {}
         untimed = (
             "SELECT engine_id, request_id, untimed_remote_engine_id AS remote_engine_id, missing_tokens, "
             "measured_prefill_s, read_bytes FROM _merged_requests WHERE untimed"
