@@ -98,6 +98,16 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None
     return con.execute(sql, params or []).fetchall()[0][0]
 
 
+def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000) -> str:
+    """``column IN`` the ids of ``_scope_ids``, as SQL: a short list spelled out, so that a
+    Parquet scan filters by it as it reads (and skips, by their statistics, the row groups
+    that hold none of the ids) instead of reading every row for a join."""
+    ids = [i for (i,) in con.execute(f"SELECT request_id FROM _scope_ids LIMIT {limit + 1}").fetchall()]
+    if not ids or len(ids) > limit:
+        return f"{column} IN (SELECT request_id FROM _scope_ids)"
+    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
+
+
 def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
     found = con.execute(
         "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
@@ -145,10 +155,11 @@ def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     names = ("transfers", "requests", "log_events")
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
+    scoped = _in_scope(con, "request_id")
     for name in names:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE request_id IS NULL "
-            "OR request_id IN (SELECT request_id FROM _scope_ids)"
+            f"OR {scoped}"
         )
     try:
         with _views_as(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
@@ -273,12 +284,15 @@ class IncrementalRun:
         for _ in range(_CLOSURE_ROUNDS):
             before = _scalar(con, "SELECT count(*) FROM _scope_ids")
             con.execute(
-                """
+                f"""
                 INSERT INTO _scope_ids
                 SELECT DISTINCT id FROM (
+                    -- two scans, not one with OR: each filter then reaches the Parquet reader
                     SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
-                    WHERE request_id IN (SELECT request_id FROM _scope_ids)
-                       OR remote_request_id IN (SELECT request_id FROM _scope_ids)
+                    WHERE {_in_scope(con, "request_id")}
+                    UNION ALL
+                    SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
+                    WHERE {_in_scope(con, "remote_request_id")}
                 ) WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
                 """
             )
@@ -378,12 +392,7 @@ class IncrementalRun:
             # the rollups of the scope's ids that counted until now: the newest of each id's
             # since the last full run (as _merged_requests reads the others); a short list of
             # ids is spelled out, so that the scan filters the stored rows as it reads them
-            ids = [i for (i,) in con.sql("SELECT request_id FROM _scope_ids").fetchall()]
-            scoped = (
-                "request_id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
-                if 0 < len(ids) <= 2000
-                else "request_id IN (SELECT request_id FROM _scope_ids)"
-            )
+            scoped = _in_scope(con, "request_id")
             replaced = f"""(
                 SELECT x.* FROM (SELECT * FROM analysis_requests WHERE {scoped}) x
                 LEFT JOIN (SELECT request_id, max(seq) AS marker_seq FROM analysis_requests

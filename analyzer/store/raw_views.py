@@ -45,6 +45,9 @@ def raw_connection(
 
     store.check_version()
     con = duckdb.connect(":memory:")
+    # every part file is written once under a name of its own and never changed: the footers
+    # an analysis reads again and again (each scan, each view bound) can be kept
+    con.execute("SET parquet_metadata_cache = true")
     batches = store.committed_batches() if files_of is None else set()
     without_files = []
     for name in TABLES:
