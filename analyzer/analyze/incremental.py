@@ -461,12 +461,11 @@ class IncrementalRun:
         The stored rules' own views are left as they are: ``_analyze`` reads their findings
         from ``CURRENT_FINDINGS`` and does not run them (and each view replaced costs a bind,
         and its restoring another)."""
-        replacements: dict[str, str] = {}
         untimed = (
             "SELECT engine_id, request_id, untimed_remote_engine_id AS remote_engine_id, missing_tokens, "
             "measured_prefill_s, read_bytes FROM _merged_requests WHERE untimed"
         )
-        replacements.update({
+        replacements = {
             "_accounting_totals": _TOTALS,
             "_critical_path_leads": "SELECT engine_id, CAST(key AS INTEGER) AS rank, value AS requests_led "
                                     "FROM _current_counts WHERE counter = 'led' AND value > 0",
@@ -475,7 +474,7 @@ class IncrementalRun:
             "_timed_prefill_handoffs": "SELECT coalesce(sum(value), 0) AS handoffs FROM _current_counts "
                                        "WHERE counter = 'handoff_prefill'",
             "_rank_windows": _RANK_WINDOWS,
-        })  # fmt: skip
+        }  # fmt: skip
         # the views that read only these few columns of the reads read them from the rollups,
         # each computed once (native_counters reads _named_events twice)
         con = self.con

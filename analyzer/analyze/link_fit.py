@@ -203,6 +203,14 @@ def _in_scope(scope: str) -> pl.Expr:
     return pl.lit(True)
 
 
+def _hash_below(share: pl.Expr) -> pl.Expr:
+    """The hash a read must fall below to be kept, for a group keeping ``share`` of its reads
+    (null: keep every read)."""
+    share = share.clip(upper_bound=1.0)
+    below = (share * _HASH_SPACE).cast(pl.UInt64)
+    return pl.when(share >= 1.0).then(pl.lit(None, pl.UInt64)).otherwise(below)
+
+
 def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(the group sizes of the finest grouping, the reads each group's sample can draw from).
 
@@ -227,12 +235,7 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
         thresholds.append(sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share")))
     shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
-    cut = shares.with_columns(
-        pl.when(pl.col("share") >= 1.0)
-        .then(pl.lit(None, pl.UInt64))
-        .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
-        .alias("below")
-    ).drop("share")
+    cut = shares.select(*keys, _hash_below(pl.col("share")).alias("below"))
     con.register("_fit_cut", cut.to_arrow())
     try:
         kept = pl.from_arrow(con.sql(
@@ -297,10 +300,10 @@ def link_fits_frame(con) -> pl.DataFrame:
     for scope, keys in _GROUPS.items():
         if finest.height == 0:
             break
-        members: dict[tuple, set] = {}
-        for row in finest.filter(_in_scope(scope)).select(finest_keys).iter_rows():
-            members.setdefault(tuple(row[finest_keys.index(k)] for k in keys), set()).add(row)
         sizes = finest.filter(_in_scope(scope))
+        members: dict[tuple, set] = {}
+        for row in sizes.select(finest_keys).iter_rows():
+            members.setdefault(tuple(row[finest_keys.index(k)] for k in keys), set()).add(row)
         # in key order: the fits come out in the same order whatever order the scan gave
         sizes = (
             sizes.group_by(list(keys)).agg(pl.col("n").sum()).sort(list(keys), nulls_last=True)
@@ -312,18 +315,8 @@ def link_fits_frame(con) -> pl.DataFrame:
             chosen = chosen.clear()  # every group's fit is known: no reads to split
         # each group's reads below its own threshold (as _sampled_reads computes it), cut in one
         # pass before the groups are split: its sample is the lowest of them
-        own = sizes.select(
-            *keys,
-            pl.when(pl.col("n") > MAX_FIT_READS)
-            .then((_OVERSAMPLE * MAX_FIT_READS / pl.col("n")).clip(upper_bound=1.0))
-            .otherwise(1.0)
-            .alias("share"),
-        ).with_columns(
-            pl.when(pl.col("share") >= 1.0)
-            .then(pl.lit(None, pl.UInt64))
-            .otherwise((pl.col("share") * _HASH_SPACE).cast(pl.UInt64))
-            .alias("own_below")
-        ).drop("share")
+        own_share = _OVERSAMPLE * MAX_FIT_READS / pl.col("n")
+        own = sizes.select(*keys, _hash_below(own_share).alias("own_below"))
         if keys:
             chosen = chosen.join(own, on=list(keys), how="left", nulls_equal=True)
         else:
