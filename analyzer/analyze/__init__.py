@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from itertools import count as _counter
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
+from hybridtrace.analyze.view_swap import swapped_views, view_sql
 
 if TYPE_CHECKING:
     from hybridtrace.analyze.incremental import IncrementalRun
@@ -77,40 +78,26 @@ _UNREAD: dict[int, weakref.WeakSet] = {}
 def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED_VIEWS) -> Iterator[None]:
     """Compute each named view once, let every view that reads it read the result, then undo.
 
-    DuckDB binds a view's references when it is queried, so replacing ``transfer_bytes``
-    by a view over a temporary table makes every rule read the table. The originals come
-    back afterwards: the connection stays as it was, and a later call with other
+    DuckDB resolves a view's references when it is queried, so pointing ``transfer_bytes``
+    at a temporary table makes every rule read the table. The originals come back
+    afterwards (``view_swap``): the connection stays as it was, and a later call with other
     thresholds recomputes. Nested calls reuse what the outer one computed.
     """
-    originals: dict[str, str] = {}
-    try:
-        for name in names:
-            found = con.execute(
-                "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
-            ).fetchall()
-            if not found or f"_snapshot_{name}" in found[0][0]:
-                continue  # no such view, or an enclosing call holds it already
-            originals[name] = found[0][0]
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM _snapshot_{name}")
-        yield
-    finally:
-        for name, sql in reversed(originals.items()):
-            con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
-            con.execute(f"DROP TABLE IF EXISTS _snapshot_{name}")
-
-
-@contextmanager
-def _reading(con: duckdb.DuckDBPyConnection, name: str, sql: str) -> Iterator[None]:
-    """View ``name`` defined as ``sql`` for the duration, then as it was."""
-    original = con.execute(
-        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
-    ).fetchall()[0][0]
-    con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-    try:
-        yield
-    finally:
-        con.execute(original.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+    snapshots: list[str] = []
+    with ExitStack() as stack:
+        try:
+            for name in names:
+                sql = view_sql(con, name)
+                if sql is None or f"_snapshot_{name}" in sql:
+                    continue  # no such view, or an enclosing call holds it already
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
+                snapshots.append(name)
+                stack.enter_context(swapped_views(con, {name: f"SELECT * FROM _snapshot_{name}"}))
+            yield
+        finally:
+            stack.close()
+            for name in snapshots:
+                con.execute(f"DROP TABLE IF EXISTS _snapshot_{name}")
 
 
 class Analysis:
@@ -261,7 +248,7 @@ def _analyze(
     )
     # output_mismatch names the other findings of the same handoff: it reads them from the
     # table just made rather than running their rules a second time
-    with _reading(con, "_handoff_findings", f"SELECT kind, engine_id, request_id FROM {every}"):
+    with swapped_views(con, {"_handoff_findings": f"SELECT kind, engine_id, request_id FROM {every}"}):
         for rule in _LATER_RULES:
             con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
                         f"FROM {rule.view}")  # fmt: skip

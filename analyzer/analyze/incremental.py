@@ -46,6 +46,7 @@ import duckdb
 import pyarrow as pa
 
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
+from hybridtrace.analyze.view_swap import swapped_views, view_sql
 from hybridtrace.errors import UsageError
 from hybridtrace.store.commit import Store, new_batch_id
 
@@ -108,43 +109,6 @@ def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000) ->
     return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
 
 
-def _view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
-    found = con.execute(
-        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
-    ).fetchall()
-    return found[0][0] if found else None
-
-
-@contextmanager
-def _views_as(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) -> Iterator[None]:
-    """Views defined as ``replacements`` says for the duration, then as they were.
-
-    DuckDB binds a view when it is created: an original that reads another replaced view can
-    only come back once that one has, so they are restored in passes until all are.
-    """
-    originals = {name: _view_sql(con, name) for name in replacements}
-    for name, sql in replacements.items():
-        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-    try:
-        yield
-    finally:
-        pending = dict(originals)
-        while pending:
-            failed: dict[str, str | None] = {}
-            error: Exception | None = None
-            for name, sql in pending.items():
-                try:
-                    if sql is None:
-                        con.execute(f"DROP VIEW IF EXISTS {name}")
-                    else:
-                        con.execute(sql.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
-                except duckdb.BinderException as exc:
-                    failed[name], error = sql, exc
-            if len(failed) == len(pending):
-                raise error  # type: ignore[misc]  # no progress: a real error, not an order
-            pending = failed
-
-
 @contextmanager
 def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """``transfers``, ``requests`` and ``log_events`` cut to the request ids of ``_scope_ids``.
@@ -162,7 +126,7 @@ def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
             f"OR {scoped}"
         )
     try:
-        with _views_as(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
+        with swapped_views(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
             yield
     finally:
         for name in names:
@@ -445,7 +409,7 @@ class IncrementalRun:
             )
             # the handoffs judged by the fitted link are not kept: the fits move with every
             # read, so merged_views applies the current ones to the kept untimed rows
-            with _views_as(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
+            with swapped_views(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
             con.execute(_SCOPE_DAYS)
             con.execute(_SCOPE_ROLLUPS)
@@ -481,7 +445,7 @@ class IncrementalRun:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _transfer_pairs AS {_TRANSFER_PAIRS}")
         con.execute(f"CREATE OR REPLACE TEMP TABLE _not_ok_transfers AS {_NOT_OK_TRANSFERS}")
         for view, surrogate in (("_config_pairs", "_transfer_pairs"), ("_named_events", "_not_ok_transfers")):
-            original = _view_sql(con, view)
+            original = view_sql(con, view)
             if original and " transfers" in original:
                 body = re.sub(r"\btransfers\b", surrogate, original.split(" AS ", 1)[1].rstrip().rstrip(";"))
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _state{view} AS {body}")
@@ -489,7 +453,7 @@ class IncrementalRun:
         try:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
-            with _views_as(con, {"_untimed_handoffs": untimed}):
+            with swapped_views(con, {"_untimed_handoffs": untimed}):
                 con.execute(
                     "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
                     f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
@@ -498,7 +462,7 @@ class IncrementalRun:
                 f"CREATE OR REPLACE TEMP VIEW {CURRENT_FINDINGS} AS SELECT * FROM _merged_findings "
                 "UNION ALL BY NAME SELECT * FROM _fitted_findings"
             )
-            with _views_as(con, {**replacements, "_untimed_handoffs": untimed}):
+            with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
             for table in (

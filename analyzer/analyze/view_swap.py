@@ -1,0 +1,61 @@
+"""Views redefined for a while, then put back as they were, without binding them again.
+
+The analysis points views at other relations for the length of a step (a snapshot, the
+scope's cut tables, the merged state). DuckDB binds a view when it is created, so putting
+an original back by creating it again binds it again: for a view over ten finding views
+that costs more than the step itself. Renaming costs nothing: the original is moved aside
+under a name of its own, the replacement takes its name, and afterwards the replacement is
+dropped and the original renamed back, its text and binding untouched. A view that reads
+the swapped name reads whichever holds the name when it runs (DuckDB resolves names at query
+time), which is what a replacement is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import count
+
+import duckdb
+
+__all__ = ["swapped_views", "view_sql"]
+
+# Names the originals are kept under, unique across nested swaps of one name.
+_ASIDE = count(1)
+
+
+def view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    """The text of view ``name`` (not DuckDB's own), None when there is none."""
+    found = con.execute(
+        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+    ).fetchall()
+    return found[0][0] if found else None
+
+
+def _exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+        ).fetchall()[0][0]
+    )
+
+
+@contextmanager
+def swapped_views(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) -> Iterator[None]:
+    """Each view of ``replacements`` defined as its SQL for the duration, then as it was (a
+    name that was no view is dropped again)."""
+    aside: list[tuple[str, str | None]] = []
+    try:
+        for name, sql in replacements.items():
+            kept = None
+            if _exists(con, name):
+                kept = f"_aside_{next(_ASIDE)}_{name}"
+                con.execute(f"ALTER VIEW {name} RENAME TO {kept}")
+            aside.append((name, kept))
+            con.execute(f"CREATE VIEW {name} AS {sql}")
+        yield
+    finally:
+        for name, kept in reversed(aside):
+            con.execute(f"DROP VIEW IF EXISTS {name}")
+            if kept is not None:
+                con.execute(f"ALTER VIEW {kept} RENAME TO {name}")
