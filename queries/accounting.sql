@@ -1,5 +1,5 @@
 -- accounting: the four byte counts of every NIXL read, and their sums per request.
--- include: _macros
+-- include: _macros, handoffs
 --
 -- For one read (one decode rank's read from one prefill rank), with B and S the
 -- decode engine's per-rank byte model (engine_models), T the request's transferred
@@ -24,11 +24,6 @@ CREATE OR REPLACE MACRO _group_bytes(groups, state) AS
          THEN coalesce(list_sum([
              x.bytes FOR x IN json_transform(groups, '[{"kind": "VARCHAR", "bytes": "BIGINT"}]')
              IF (x.kind = 'mamba') = state]), 0) END;
-
--- _share(tp_size, remote_tp_size): how many reads a decode rank makes of one request; null
--- for a TP size below 1 (ingest rejects those; an older store may hold them).
-CREATE OR REPLACE MACRO _share(tp_size, remote_tp_size) AS
-    CASE WHEN tp_size >= 1 AND remote_tp_size >= 1 THEN greatest(1, remote_tp_size // tp_size) END;
 
 -- _expected_attention_bytes(b, block, tokens, share): attention bytes as whole blocks; a
 -- model without attention layers (B = 0, no block size) moves none.
@@ -141,7 +136,11 @@ FROM counted;
 CREATE OR REPLACE VIEW _excess_reads AS
 SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
--- _accounting_totals: one row, in one pass over transfer_bytes.
+-- _accounting_totals: one row: the sums of transfer_bytes, from each request's reads grouped
+-- once (_request_reads) rather than from every read joined to its request. The reads of a
+-- request that all make the same share have the same four counts, so each sum is the count of
+-- its successful reads times them; a request whose reads make different shares (reads with
+-- other TP sizes) is summed per share.
 --
 -- Columns:
 --   reads, reads_ok                     reads accounted (sized engine, request record), successful ones
@@ -152,16 +151,37 @@ SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_m
 --                                       request without transferred_tokens has no counts):
 --                                       ratios to the other sums use this one
 CREATE OR REPLACE VIEW _accounting_totals AS
+WITH per_share AS (
+    SELECT engine_id, request_id, share, reads, reads_ok, aggregate_bytes AS transported_bytes
+    FROM _request_reads WHERE shares_agree
+    UNION ALL
+    SELECT t.engine_id, t.request_id, _share(t.tp_size, t.remote_tp_size), count(*),
+           count(*) FILTER (WHERE t.status = 'ok'), sum(t.transported_bytes) FILTER (WHERE t.status = 'ok')
+    FROM transfers t
+    JOIN (SELECT engine_id, request_id FROM _request_reads WHERE NOT shares_agree) m USING (engine_id, request_id)
+    GROUP BY ALL
+),
+sized AS (
+    SELECT g.reads, g.reads_ok, g.transported_bytes,
+           -- no successful read: no sum (null, as a sum over no read is)
+           CASE WHEN g.reads_ok > 0 THEN g.reads_ok END AS n,
+           q.b * q.tokens // g.share + q.s * q.state_blocks // g.share AS logical,
+           _expected_attention_bytes(q.b, q.block, q.tokens, g.share) + q.s * q.state_blocks // g.share AS expected,
+           _expected_attention_bytes(q.b, q.block, q.tokens, g.share)
+           + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, g.share) AS reserved
+    FROM per_share g
+    JOIN _request_model q USING (engine_id, request_id)
+)
 SELECT
-    count(*) AS reads,
-    count(*) FILTER (WHERE status = 'ok') AS reads_ok,
-    count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
-    sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
-    sum(expected_bytes) FILTER (WHERE status = 'ok') AS expected_bytes,
-    sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
-    sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
-    sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS sized_transported_bytes
-FROM transfer_bytes;
+    CAST(coalesce(sum(reads), 0) AS BIGINT) AS reads,
+    CAST(coalesce(sum(reads_ok), 0) AS BIGINT) AS reads_ok,
+    CAST(coalesce(sum(reads_ok) FILTER (WHERE expected IS NOT NULL), 0) AS BIGINT) AS reads_sized,
+    sum(n * logical) AS logical_bytes,
+    sum(n * expected) AS expected_bytes,
+    sum(n * reserved) AS reserved_bytes,
+    sum(transported_bytes) AS transported_bytes,
+    sum(transported_bytes) FILTER (WHERE expected IS NOT NULL) AS sized_transported_bytes
+FROM sized;
 
 -- request_bytes: the four counts summed over a request's successful reads (all ranks): a
 -- failed or expired read moved nothing it had to, so it counts in `reads` only.
