@@ -209,36 +209,45 @@ FROM (
 )
 GROUP BY engine_id;
 
--- _named_events: failures and expiries a trace record or a log line names, per engine.
--- Failures are counted per read on the decode side (a request recorded as failed with no
--- failed read counts once); expiries per request on the prefill side: a request the trace
--- records as expired, or one with an expired read, counts for its prefill engine.
+-- _named_trace_events: failures and expiries the trace names, per engine (event 'failed' or
+-- 'expired'). Failures are counted per read on the decode side (a request recorded as failed
+-- with no failed read counts once); expiries per request on the prefill side: a request the
+-- trace records as expired, or one with an expired read, counts for its prefill engine. Each
+-- count is a sum over requests: the incremental analysis keeps it in its state.
+CREATE OR REPLACE VIEW _named_trace_events AS
+SELECT engine_id, 'failed' AS event, count(*) AS named
+FROM (
+    SELECT engine_id FROM transfers WHERE status = 'failed'
+    UNION ALL
+    SELECT r.engine_id FROM requests r
+    WHERE r.status = 'failed'
+      AND NOT EXISTS (SELECT 1 FROM transfers t
+                      WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
+)
+GROUP BY engine_id
+UNION ALL
+SELECT remote_engine_id, 'expired', count(*)
+FROM (
+    SELECT remote_engine_id, engine_id, request_id FROM requests WHERE status = 'expired'
+    UNION
+    SELECT remote_engine_id, engine_id, request_id FROM transfers WHERE status = 'expired'
+)
+GROUP BY remote_engine_id;
+
+-- _named_events: failures and expiries a trace record or a log line names, per engine: the
+-- trace's (_named_trace_events) or the log's, whichever names more.
 CREATE OR REPLACE VIEW _named_events AS
 SELECT engine_id,
        greatest(coalesce(max(failed_trace), 0), coalesce(max(failed_log), 0)) AS failed_named,
        greatest(coalesce(max(expired_trace), 0), coalesce(max(expired_log), 0)) AS expired_named
 FROM (
-    SELECT engine_id, count(*) AS failed_trace, NULL AS failed_log, NULL AS expired_trace, NULL AS expired_log
-    FROM (
-        SELECT engine_id FROM transfers WHERE status = 'failed'
-        UNION ALL
-        SELECT r.engine_id FROM requests r
-        WHERE r.status = 'failed'
-          AND NOT EXISTS (SELECT 1 FROM transfers t
-                          WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
-    )
-    GROUP BY engine_id
+    SELECT engine_id, named AS failed_trace, NULL AS failed_log, NULL AS expired_trace, NULL AS expired_log
+    FROM _named_trace_events WHERE event = 'failed'
     UNION ALL
     SELECT engine_id, NULL, count(*), NULL, NULL
     FROM log_events WHERE kind = 'transfer_failed' GROUP BY engine_id
     UNION ALL
-    SELECT remote_engine_id, NULL, NULL, count(*), NULL
-    FROM (
-        SELECT remote_engine_id, engine_id, request_id FROM requests WHERE status = 'expired'
-        UNION
-        SELECT remote_engine_id, engine_id, request_id FROM transfers WHERE status = 'expired'
-    )
-    GROUP BY remote_engine_id
+    SELECT engine_id, NULL, NULL, named, NULL FROM _named_trace_events WHERE event = 'expired'
     UNION ALL
     SELECT engine_id, NULL, NULL, NULL, count(DISTINCT request_id)
     FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined') GROUP BY engine_id
@@ -251,6 +260,8 @@ GROUP BY engine_id;
 -- goes unreported. vLLM counts a completed read as failed when NIXL telemetry itself
 -- errors (nixl issue 2266): the message says to check that first for failures.
 CREATE OR REPLACE VIEW finding_native_counters AS
+-- the named counts once, for both kinds
+WITH n AS MATERIALIZED (SELECT * FROM _named_events)
 SELECT
     'transfer_failed' AS kind, 'error' AS severity, c.engine_id, CAST(NULL AS INTEGER) AS rank,
     CAST(NULL AS VARCHAR) AS request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, c.start_ts, c.end_ts,
@@ -258,7 +269,7 @@ SELECT
         || coalesce(n.failed_named, 0) || ' named by trace or log lines' AS message,
     CAST(json_object('source', c.failed_source, 'counted', c.failed_counted,
         'named', coalesce(n.failed_named, 0)) AS VARCHAR) AS evidence
-FROM _counted_events c LEFT JOIN _named_events n USING (engine_id)
+FROM _counted_events c LEFT JOIN n USING (engine_id)
 WHERE c.failed_counted > coalesce(n.failed_named, 0)
 UNION ALL
 SELECT
@@ -268,5 +279,5 @@ SELECT
         || coalesce(n.expired_named, 0) || ' named by trace or log lines',
     CAST(json_object('source', c.expired_source, 'counted', c.expired_counted,
         'named', coalesce(n.expired_named, 0)) AS VARCHAR)
-FROM _counted_events c LEFT JOIN _named_events n USING (engine_id)
+FROM _counted_events c LEFT JOIN n USING (engine_id)
 WHERE c.expired_counted > coalesce(n.expired_named, 0);

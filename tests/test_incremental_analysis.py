@@ -177,6 +177,35 @@ def test_every_request_rule_is_stored_and_the_others_recomputed():
     }  # fmt: skip
 
 
+def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_path):
+    """The views the merged state answers from its counts (byte totals, critical-path leads,
+    handoffs with a prefill time, engine pairs, the failures and expiries the trace names)
+    give the rows the views over every read give, after a run that replaced stored rollups."""
+    from hybridtrace.analyze.incremental import incremental_views
+
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 0.5)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)
+    job.grow(1.0, 1.0)
+    job.ingest()
+    views = (
+        "_accounting_totals", "_critical_path_leads", "_critical_path_requests", "_timed_prefill_handoffs",
+        "_config_pairs", "_named_trace_events", "_named_events",
+    )  # fmt: skip
+
+    def rows(con) -> dict[str, list]:
+        return {v: sorted(map(repr, con.sql(f"SELECT * FROM {v}").fetchall())) for v in views}
+
+    whole = rows(Store(job.store).connect())
+    assert whole["_named_trace_events"] and whole["_accounting_totals"]
+    con = Store(job.store).connect()
+    with incremental_views(con, Store(job.store), full=False, write=False) as run:
+        assert not run.full and run.counts["requests"] > 0
+        assert rows(con) == whole
+
+
 def test_state_tables_are_partitioned_like_the_data():
     for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_counts"):
         assert table_schema(name).partition == ("day", "engine_id")

@@ -15,7 +15,7 @@ windows. Other thresholds than the state's, or ``analyze --full``, recompute eve
 
 What is recomputed in full every run, because it spans partitions, reads the rollups instead
 of the reads: the engine pair rule (``config_mismatch``: each request's prefill engines), the
-native-metrics rules (the intervals; the failed and expired reads ``_named_events`` counts),
+native-metrics rules (the intervals; the failures and expiries ``_named_trace_events`` counts),
 ``slow_rank``'s verdicts (the stored windows, the requests' critical paths),
 ``output_mismatch`` (verifications, with the merged findings as its ``_handoff_findings``)
 and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
@@ -69,7 +69,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 3
+STATE_VERSION = 4
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -438,18 +438,17 @@ class IncrementalRun:
             "_timed_prefill_handoffs": "SELECT coalesce(sum(value), 0) AS handoffs FROM _current_counts "
                                        "WHERE counter = 'handoff_prefill'",
             "_rank_windows": _RANK_WINDOWS,
+            "_named_trace_events": _NAMED_TRACE_EVENTS,
         }  # fmt: skip
-        # the views that read only these few columns of the reads read them from the rollups,
-        # each computed once (native_counters reads _named_events twice)
+        # _config_pairs reads only the engine pairs of the reads: it reads them from the counts
         con = self.con
         con.execute(f"CREATE OR REPLACE TEMP TABLE _transfer_pairs AS {_TRANSFER_PAIRS}")
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _not_ok_transfers AS {_NOT_OK_TRANSFERS}")
-        for view, surrogate in (("_config_pairs", "_transfer_pairs"), ("_named_events", "_not_ok_transfers")):
-            original = view_sql(con, view)
-            if original and " transfers" in original:
-                body = re.sub(r"\btransfers\b", surrogate, original.split(" AS ", 1)[1].rstrip().rstrip(";"))
-                con.execute(f"CREATE OR REPLACE TEMP TABLE _state{view} AS {body}")
-                replacements[view] = f"SELECT * FROM _state{view}"
+        original = view_sql(con, "_config_pairs")
+        if original and " transfers" in original:
+            body = original.split(" AS ", 1)[1].rstrip().rstrip(";")
+            body = re.sub(r"\btransfers\b", "_transfer_pairs", body)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _state_config_pairs AS {body}")
+            replacements["_config_pairs"] = "SELECT * FROM _state_config_pairs"
         try:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
@@ -465,12 +464,7 @@ class IncrementalRun:
             with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
-            for table in (
-                "_transfer_pairs",
-                "_not_ok_transfers",
-                "_state_config_pairs",
-                "_state_named_events",
-            ):
+            for table in ("_transfer_pairs", "_state_config_pairs"):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- the state written -----------------------------------------------------------
@@ -569,11 +563,17 @@ tx AS (
                 THEN CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
                      FILTER (WHERE remote_engine_id IS NOT NULL)) AS VARCHAR) END AS remotes,
            bool_or(remote_engine_id IS NULL) AS null_remote,
-           CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
-                FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)) AS VARCHAR)
-               AS expired_remotes,
-           coalesce(bool_or(status = 'expired' AND remote_engine_id IS NULL), false) AS expired_null_remote
+           list(DISTINCT remote_engine_id) FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)
+               AS expired_remotes
     FROM transfers GROUP BY engine_id, request_id
+),
+-- the request records that name a failure or an expiry (_named_trace_events counts them)
+rq AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k,
+           count(*) FILTER (WHERE status = 'failed') AS failed_records,
+           list(DISTINCT remote_engine_id) FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)
+               AS expired_remotes
+    FROM requests WHERE status IN ('failed', 'expired') GROUP BY engine_id, request_id
 ),
 h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs),
 u AS (
@@ -581,15 +581,23 @@ u AS (
            measured_prefill_s, read_bytes
     FROM _scope_untimed
 ),
--- every key with a read is in tx (a handoff has reads too); an untimed handoff may have none
-keys AS (SELECT engine_id, request_id, k FROM tx UNION SELECT engine_id, request_id, k FROM u)
+-- every key with a read is in tx (a handoff has reads too); an untimed handoff, a failed or
+-- expired request may have none
+keys AS (
+    SELECT engine_id, request_id, k FROM tx UNION SELECT engine_id, request_id, k FROM u
+    UNION SELECT engine_id, request_id, k FROM rq
+)
 SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
        h.k IS NOT NULL AS handoff, h.prefill_s,
-       tx.failed_reads, tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
-       tx.expired_remotes, tx.expired_null_remote,
+       -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
+       coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
+       tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
+       CASE WHEN len(list_distinct(list_concat(tx.expired_remotes, rq.expired_remotes))) > 0
+            THEN CAST(to_json(list_sort(list_distinct(list_concat(tx.expired_remotes, rq.expired_remotes))))
+                      AS VARCHAR) END AS expired_named_remotes,
        u.k IS NOT NULL AS untimed, u.remote_engine_id AS untimed_remote_engine_id, u.missing_tokens,
        u.measured_prefill_s, u.read_bytes
 FROM keys
@@ -598,6 +606,7 @@ LEFT JOIN acc USING (k)
 LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
 LEFT JOIN u USING (k)
+LEFT JOIN rq USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
@@ -644,7 +653,8 @@ sums AS (
            CAST(sum(sized_transported_bytes) AS BIGINT) AS sized_transported_bytes,
            count(sized_transported_bytes) AS sized_transported_bytes_n,
            count(*) FILTER (WHERE handoff AND prefill_s IS NOT NULL) AS handoff_prefill,
-           count(*) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL) AS critical_path
+           count(*) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL) AS critical_path,
+           CAST(coalesce(sum(failed_named), 0) AS BIGINT) AS failed_named
     FROM r GROUP BY ALL
 ),
 pairs AS (
@@ -661,6 +671,12 @@ SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), count(*) FROM r
 WHERE has_reads AND slowest_rank IS NOT NULL GROUP BY ALL
 UNION ALL
 SELECT engine_id, day, 'pair', remote, count(*) FROM pairs GROUP BY ALL
+UNION ALL
+SELECT engine_id, day, 'expired_named', remote, count(*) FROM (
+    SELECT engine_id, day,
+           unnest(CAST(json_extract_string(expired_named_remotes, '$[*]') AS VARCHAR[])) AS remote
+    FROM r WHERE expired_named_remotes IS NOT NULL
+) GROUP BY ALL
 """
 
 _TOTALS = """
@@ -677,25 +693,19 @@ SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
 FROM _current_counts
 """
 
-# What _config_pairs and _named_events read of the reads, from the state: each request's
-# prefill engines (the pair counts), and its failed and expired reads (one row per failed read,
-# one per prefill engine of its expired ones: what those views count).
+# What _config_pairs reads of the reads, from the state: each request's prefill engines (the
+# pair counts).
 _TRANSFER_PAIRS = """
 SELECT engine_id, key AS remote_engine_id FROM _current_counts WHERE counter = 'pair' AND value > 0
 """
-_NOT_OK_TRANSFERS = """
-WITH notable AS MATERIALIZED (
-    SELECT engine_id, request_id, failed_reads, expired_remotes, expired_null_remote FROM _merged_requests
-    WHERE failed_reads > 0 OR expired_remotes IS NOT NULL OR expired_null_remote
-)
-SELECT engine_id, request_id, CAST(NULL AS VARCHAR) AS remote_engine_id, 'failed' AS status
-FROM (SELECT * FROM notable WHERE failed_reads > 0), range(failed_reads)
+# What _named_trace_events counts, from the state: failures per decode engine, expiries per
+# prefill engine (the key).
+_NAMED_TRACE_EVENTS = """
+SELECT engine_id, 'failed' AS event, value AS named FROM _current_counts
+WHERE counter = 'failed_named' AND value <> 0
 UNION ALL
-SELECT engine_id, request_id, unnest(CAST(json_extract_string(expired_remotes, '$[*]') AS VARCHAR[])),
-       'expired'
-FROM notable WHERE expired_remotes IS NOT NULL
-UNION ALL
-SELECT engine_id, request_id, CAST(NULL AS VARCHAR), 'expired' FROM notable WHERE expired_null_remote
+SELECT key, 'expired', CAST(sum(value) AS BIGINT) FROM _current_counts WHERE counter = 'expired_named'
+GROUP BY key HAVING sum(value) <> 0
 """
 
 _RANK_WINDOWS = """
