@@ -18,7 +18,7 @@ from itertools import count
 
 import duckdb
 
-__all__ = ["swapped_views", "view_sql"]
+__all__ = ["swapped_views", "view_sql", "view_sqls"]
 
 # Names the originals are kept under, unique across nested swaps of one name.
 _ASIDE = count(1)
@@ -32,12 +32,13 @@ def view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
     return found[0][0] if found else None
 
 
-def _exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(
-        con.execute(
-            "SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
-        ).fetchall()[0][0]
-    )
+def view_sqls(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str]:
+    """The text of each of ``names`` that is a view (one look-up for all of them)."""
+    found = con.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE list_contains(?, view_name) AND NOT internal",
+        [names],
+    ).fetchall()
+    return dict(found)
 
 
 @contextmanager
@@ -45,10 +46,11 @@ def swapped_views(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) 
     """Each view of ``replacements`` defined as its SQL for the duration, then as it was (a
     name that was no view is dropped again)."""
     aside: list[tuple[str, str | None]] = []
+    existing = view_sqls(con, list(replacements))
     try:
         for name, sql in replacements.items():
             kept = None
-            if _exists(con, name):
+            if name in existing:
                 kept = f"_aside_{next(_ASIDE)}_{name}"
                 con.execute(f"ALTER VIEW {name} RENAME TO {kept}")
             aside.append((name, kept))
