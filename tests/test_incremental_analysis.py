@@ -179,8 +179,9 @@ def test_every_request_rule_is_stored_and_the_others_recomputed():
 
 def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_path):
     """The views the merged state answers from its counts (byte totals, critical-path leads,
-    handoffs with a prefill time, engine pairs, the failures and expiries the trace names)
-    give the rows the views over every read give, after a run that replaced stored rollups."""
+    handoffs with a prefill time, engine pairs, the failures and expiries the trace names, the
+    stored findings) give the rows the views over every read give, after a run that replaced
+    stored rollups and findings."""
     from hybridtrace.analyze.incremental import incremental_views
 
     job = Growing(bundle, tmp_path)
@@ -204,6 +205,12 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     with incremental_views(con, Store(job.store), full=False, write=False) as run:
         assert not run.full and run.counts["requests"] > 0
         assert rows(con) == whole
+        # the stored findings' counts, kept as changes, are those of the findings listed
+        kept = con.sql("SELECT rule, kind, severity, n FROM _current_finding_counts ORDER BY ALL").fetchall()
+        listed = con.sql(
+            "SELECT rule, kind, severity, count(*) FROM _current_findings GROUP BY ALL ORDER BY ALL"
+        )
+        assert kept and kept == listed.fetchall()
 
 
 def test_state_tables_are_partitioned_like_the_data():

@@ -198,14 +198,15 @@ def analyze(
 
         store = store_of(con)
         if store is not None:
-            from hybridtrace.analyze.incremental import CURRENT_FINDINGS, STORED_RULES
+            from hybridtrace.analyze.incremental import CURRENT_FINDING_COUNTS, CURRENT_FINDINGS, STORED_RULES
 
             _settle(con)
             with (
                 incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
                 materialized(con, ("intervals", "_untraced_interval_bytes")),
             ):
-                return _analyze(con, stored=(CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES)))
+                stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
+                return _analyze(con, stored=stored)
     _settle(con)
     with materialized(con, ANALYSIS_VIEWS):
         return _analyze(con)
@@ -226,11 +227,12 @@ def _settle(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _analyze(
-    con: duckdb.DuckDBPyConnection, *, stored: tuple[str, tuple[str, ...]] | None = None
+    con: duckdb.DuckDBPyConnection, *, stored: tuple[str, tuple[str, ...], str] | None = None
 ) -> Analysis:
     """The rules' findings and the summary. ``stored`` is (a relation of findings computed
-    before, with a ``rule`` column; the rule views it holds): those views are not run, their
-    findings are counted and listed from the relation where it is."""
+    before, with a ``rule`` column; the rule views it holds; their counts per rule, kind and
+    severity, column ``n``): those views are not run, their findings are listed from the
+    relation where it is and counted from the counts."""
 
     counted_inputs = {name: f"SELECT count(*) FROM {name}" for name in _INPUT_TABLES}
     counted_inputs["transfers_accounted"] = "SELECT reads FROM _accounting_totals"
@@ -241,7 +243,7 @@ def _analyze(
     # Every rule's view in one table: DuckDB runs the union in parallel, and nothing crosses
     # into Python row by row.
     views = [rule.view for rule in _FIRST_RULES]
-    relation, skipped = stored if stored is not None else (None, ())
+    relation, skipped, stored_counts = stored if stored is not None else (None, (), None)
     union = " UNION ALL BY NAME ".join(
         f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views if v not in skipped
     )
@@ -259,7 +261,13 @@ def _analyze(
             con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
                         f"FROM {rule.view}")  # fmt: skip
     views += [rule.view for rule in _LATER_RULES]
-    counted = con.sql(f"SELECT rule, kind, severity, count(*) FROM {every} GROUP BY ALL").fetchall()
+    counts = "SELECT rule, kind, severity, count(*) AS n FROM _findings GROUP BY ALL"
+    if stored_counts is not None:
+        counts = (
+            f"SELECT rule, kind, severity, sum(n) FROM ({counts} UNION ALL SELECT * FROM {stored_counts}) "
+            "GROUP BY ALL"
+        )
+    counted = con.sql(counts).fetchall()
     per_view = dict.fromkeys(views, 0)
     by_kind = dict.fromkeys(_COUNTED_KINDS, 0)
     by_severity: dict[str, int] = {}

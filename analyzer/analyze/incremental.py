@@ -22,9 +22,10 @@ and the input counts. The analysis itself then runs unchanged (``_analyze``) on 
 merged state instead of recomputing it, so its result equals a full analysis'.
 
 The fleet-wide sums those rules read (byte totals, critical-path leads, handoffs with a
-prefill time, engine pairs) are not summed over every rollup each run: each run stores the
-change it made to them (``analysis_counts``: its rollups' counts less those of the rollups
-they replace), and the counts are the sum of the changes since the last full run.
+prefill time, engine pairs, the failures and expiries the trace names) and the counts of the
+stored findings are not summed over every rollup and finding each run: each run stores the
+change it made to them (``analysis_counts``: its rollups' and findings' counts less those of
+the ones they replace), and the counts are the sum of the changes since the last full run.
 
 The state is five store tables (``analysis_*``, schemas beside the others), written as one
 batch with the store's commit protocol under the writer lock; every row carries the run's
@@ -52,6 +53,7 @@ from hybridtrace.store.commit import Store, new_batch_id
 
 __all__ = [
     "CURRENT_FINDINGS",
+    "CURRENT_FINDING_COUNTS",
     "RECOMPUTED_RULES",
     "STORED_RULES",
     "IncrementalRun",
@@ -64,6 +66,8 @@ STORED_RULES = tuple(r for r in request_rules(after_others=False))
 _STORED_VIEWS = tuple(r.view for r in STORED_RULES)
 # Inside ``merged_views``: every finding of the stored rules (a ``rule`` column names the view).
 CURRENT_FINDINGS = "_current_findings"
+# Their counts per (rule view, kind, severity), from the state: no run counts every stored finding.
+CURRENT_FINDING_COUNTS = "_current_finding_counts"
 # What is recomputed in full each run (module docstring says why).
 RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
@@ -348,7 +352,10 @@ class IncrementalRun:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
         the rollups they replace) and ``_current_counts`` (every count, state and change)."""
         con = self.con
-        scope_counts = _COUNTS.format(rollups="_scope_rollups")
+        dated = "(SELECT f.*, d.day FROM _scope_findings f LEFT JOIN _scope_days d USING (request_id))"
+        scope_counts = (
+            _COUNTS.format(rollups="_scope_rollups") + " UNION ALL " + _FINDING_COUNTS.format(findings=dated)
+        )
         con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_counts AS {scope_counts}")
         if self.full:
             con.execute("CREATE OR REPLACE TEMP TABLE _run_counts AS SELECT * FROM _scope_counts")
@@ -364,6 +371,13 @@ class IncrementalRun:
                            GROUP BY request_id) m ON m.request_id = x.request_id
                 WHERE x.seq >= {full_seq} AND x.engine_id IS NOT NULL
                   AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+            # the same for the findings of those ids
+            replaced_findings = f"""(
+                SELECT x.* FROM (SELECT * FROM analysis_findings WHERE {scoped}) x
+                LEFT JOIN (SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
+                           WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped}
+                           GROUP BY request_id) m ON m.request_id = x.request_id
+                WHERE x.seq >= {full_seq} AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
             con.execute(
                 f"""
                 CREATE OR REPLACE TEMP TABLE _run_counts AS
@@ -371,6 +385,8 @@ class IncrementalRun:
                     SELECT * FROM _scope_counts
                     UNION ALL SELECT engine_id, day, counter, key, -value
                     FROM ({_COUNTS.format(rollups=replaced)})
+                    UNION ALL SELECT engine_id, day, counter, key, -value
+                    FROM ({_FINDING_COUNTS.format(findings=replaced_findings)})
                 ) GROUP BY ALL HAVING sum(value) <> 0
                 """
             )
@@ -461,6 +477,7 @@ class IncrementalRun:
                 f"CREATE OR REPLACE TEMP VIEW {CURRENT_FINDINGS} AS SELECT * FROM _merged_findings "
                 "UNION ALL BY NAME SELECT * FROM _fitted_findings"
             )
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {CURRENT_FINDING_COUNTS} AS {_CURRENT_FINDING_COUNTS}")
             with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
@@ -677,6 +694,27 @@ SELECT engine_id, day, 'expired_named', remote, count(*) FROM (
            unnest(CAST(json_extract_string(expired_named_remotes, '$[*]') AS VARCHAR[])) AS remote
     FROM r WHERE expired_named_remotes IS NOT NULL
 ) GROUP BY ALL
+"""
+
+# The findings of a relation of stored findings (as _scope_findings has them, with their day),
+# counted per (engine, day) and (rule view, kind, severity): the analysis' summary counts. Those
+# that name no request count in the run that found them only, as _merged_findings lists them.
+_FINDING_COUNTS = """
+SELECT engine_id, day, 'findings' AS counter, CAST(to_json([rule, kind, severity]) AS VARCHAR) AS key,
+       count(*) AS value
+FROM {findings} WHERE request_id IS NOT NULL GROUP BY ALL
+"""
+
+# Every finding of CURRENT_FINDINGS counted as _analyze counts them: the stored ones from the
+# counts, those judged by the current fits as they are.
+_CURRENT_FINDING_COUNTS = """
+SELECT rule, kind, severity, CAST(sum(n) AS BIGINT) AS n FROM (
+    SELECT json_extract_string(key, '$[0]') AS rule, json_extract_string(key, '$[1]') AS kind,
+           json_extract_string(key, '$[2]') AS severity, value AS n
+    FROM _current_counts WHERE counter = 'findings'
+    UNION ALL SELECT rule, kind, severity, count(*) FROM _fitted_findings GROUP BY ALL
+    UNION ALL SELECT rule, kind, severity, count(*) FROM _scope_findings WHERE request_id IS NULL GROUP BY ALL
+) GROUP BY ALL HAVING sum(n) > 0
 """
 
 _TOTALS = """
