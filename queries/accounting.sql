@@ -56,35 +56,9 @@ SELECT
 FROM requests r
 JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
 
--- transfer_bytes: one row per read with a sized engine and a matching request.
---
--- @column engine_id                    decode engine
--- @column request_id                   decode-side request id
--- @column rank                         decode TP rank that read
--- @column remote_engine_id             prefill engine read from
--- @column remote_rank                  prefill TP rank read from
--- @column ts                           when the read completed (epoch s)
--- @column status                       'ok', 'failed' or 'expired'
--- @column transferred_tokens           T: the request's transferred tokens
--- @column state_blocks                 J: state blocks read (1 when the request does not say)
--- @column share                        reads the decode rank makes of the request
--- @column logical_bytes                the information that had to move
--- @column expected_bytes               what a correct connector moves (attention as whole blocks)
--- @column reserved_bytes               what the allocator holds (state as padded pages)
--- @column transported_bytes            what NIXL reported
--- @column logical_attention_bytes      logical bytes of attention
--- @column logical_state_bytes          logical bytes of recurrent state
--- @column expected_attention_bytes     expected bytes of attention
--- @column expected_state_bytes         expected bytes of recurrent state (= logical)
--- @column reserved_state_bytes         the state as padded pages
--- @column attention_transported_bytes  the read's bytes of attention groups; null without groups
--- @column state_transported_bytes      the read's bytes of state (mamba) groups; null without groups
--- @column block_rounding_bytes         expected − logical
--- @column excess_bytes                 transported − expected (positive: more than a correct connector moves)
--- @column padding_gap_bytes            reserved − expected: what sending padded state pages would add
--- @column padding_layers_bytes         the padding layers' state pages: what sending them as well would add
--- @column staging_bytes                host-buffer copies the connector reported beside the read (0 if none)
-CREATE OR REPLACE VIEW transfer_bytes AS
+-- _sized_reads(model): transfer_bytes over the requests of `model` (a relation named as text,
+-- with the columns of _request_model): the reads of those requests only, each sized.
+CREATE OR REPLACE MACRO _sized_reads(model) AS TABLE
 WITH base AS (
     SELECT
         t.engine_id, t.request_id, t.rank, t.remote_engine_id, t.remote_rank, t.ts, t.status,
@@ -95,7 +69,7 @@ WITH base AS (
         t.state_transported_bytes AS state_group_bytes,
         t.groups
     FROM transfers t
-    JOIN _request_model q USING (engine_id, request_id)
+    JOIN query_table(model) q USING (engine_id, request_id)
 ),
 counted AS (
     SELECT
@@ -130,11 +104,74 @@ SELECT
     staging_bytes
 FROM counted;
 
+-- transfer_bytes: one row per read with a sized engine and a matching request.
+--
+-- @column engine_id                    decode engine
+-- @column request_id                   decode-side request id
+-- @column rank                         decode TP rank that read
+-- @column remote_engine_id             prefill engine read from
+-- @column remote_rank                  prefill TP rank read from
+-- @column ts                           when the read completed (epoch s)
+-- @column status                       'ok', 'failed' or 'expired'
+-- @column transferred_tokens           T: the request's transferred tokens
+-- @column state_blocks                 J: state blocks read (1 when the request does not say)
+-- @column share                        reads the decode rank makes of the request
+-- @column logical_bytes                the information that had to move
+-- @column expected_bytes               what a correct connector moves (attention as whole blocks)
+-- @column reserved_bytes               what the allocator holds (state as padded pages)
+-- @column transported_bytes            what NIXL reported
+-- @column logical_attention_bytes      logical bytes of attention
+-- @column logical_state_bytes          logical bytes of recurrent state
+-- @column expected_attention_bytes     expected bytes of attention
+-- @column expected_state_bytes         expected bytes of recurrent state (= logical)
+-- @column reserved_state_bytes         the state as padded pages
+-- @column attention_transported_bytes  the read's bytes of attention groups; null without groups
+-- @column state_transported_bytes      the read's bytes of state (mamba) groups; null without groups
+-- @column block_rounding_bytes         expected − logical
+-- @column excess_bytes                 transported − expected (positive: more than a correct connector moves)
+-- @column padding_gap_bytes            reserved − expected: what sending padded state pages would add
+-- @column padding_layers_bytes         the padding layers' state pages: what sending them as well would add
+-- @column staging_bytes                host-buffer copies the connector reported beside the read (0 if none)
+CREATE OR REPLACE VIEW transfer_bytes AS SELECT * FROM _sized_reads('_request_model');
+
+-- _sized_requests: each request's reads grouped once (_request_reads) beside its byte model
+-- (_request_model): for a request whose reads all make one share, the four counts of each
+-- of its reads (they are equal), else null.
+--
+-- Columns:
+--   engine_id, request_id                      the request
+--   tokens, state_blocks, b, s, block,
+--   padded_state, padding_layer_state          its byte model, as _request_model has it
+--   share, shares_agree                        reads per decode rank, and whether every read makes it
+--   reads, reads_ok                            its reads, the successful ones
+--   transported_bytes, max_ok_bytes            bytes of its successful reads, summed and the largest
+--   logical, expected, reserved                one read's counts (shares_agree only)
+CREATE OR REPLACE VIEW _sized_requests AS
+SELECT q.*, x.share, x.shares_agree, x.reads, x.reads_ok, x.aggregate_bytes AS transported_bytes, x.max_ok_bytes,
+       CASE WHEN x.shares_agree THEN q.b * q.tokens // x.share + q.s * q.state_blocks // x.share END AS logical,
+       CASE WHEN x.shares_agree
+            THEN _expected_attention_bytes(q.b, q.block, q.tokens, x.share) + q.s * q.state_blocks // x.share
+       END AS expected,
+       CASE WHEN x.shares_agree
+            THEN _expected_attention_bytes(q.b, q.block, q.tokens, x.share)
+                 + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, x.share)
+       END AS reserved
+FROM _request_reads x
+JOIN _request_model q USING (engine_id, request_id);
+
 -- _excess_reads: the successful reads that moved more than a correct connector would
 -- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
--- rules look at, computed once per analysis instead of materialising every read.
+-- rules look at, computed once per analysis instead of materialising every read. Only the
+-- reads of requests that can hold one are sized: a request whose largest successful read
+-- exceeds one read's expected bytes by more than the threshold, or whose reads make
+-- different shares.
+CREATE OR REPLACE VIEW _excess_request_model AS
+SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state
+FROM _sized_requests
+WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
+
 CREATE OR REPLACE VIEW _excess_reads AS
-SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
+SELECT * FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
 -- _accounting_totals: one row: the sums of transfer_bytes, from each request's reads grouped
 -- once (_request_reads) rather than from every read joined to its request. The reads of a
@@ -152,25 +189,22 @@ SELECT * FROM transfer_bytes WHERE status = 'ok' AND excess_bytes > _t('excess_m
 --                                       ratios to the other sums use this one
 CREATE OR REPLACE VIEW _accounting_totals AS
 WITH per_share AS (
-    SELECT engine_id, request_id, share, reads, reads_ok, aggregate_bytes AS transported_bytes
-    FROM _request_reads WHERE shares_agree
+    SELECT reads, reads_ok, transported_bytes, logical, expected, reserved
+    FROM _sized_requests WHERE shares_agree
     UNION ALL
-    SELECT t.engine_id, t.request_id, _share(t.tp_size, t.remote_tp_size), count(*),
-           count(*) FILTER (WHERE t.status = 'ok'), sum(t.transported_bytes) FILTER (WHERE t.status = 'ok')
-    FROM transfers t
-    JOIN (SELECT engine_id, request_id FROM _request_reads WHERE NOT shares_agree) m USING (engine_id, request_id)
-    GROUP BY ALL
+    -- a request whose reads make different shares: per share
+    SELECT count(*), count(*) FILTER (WHERE t.status = 'ok'), sum(t.transported_bytes) FILTER (WHERE t.status = 'ok'),
+           any_value(q.b * q.tokens // t.share + q.s * q.state_blocks // t.share),
+           any_value(_expected_attention_bytes(q.b, q.block, q.tokens, t.share) + q.s * q.state_blocks // t.share),
+           any_value(_expected_attention_bytes(q.b, q.block, q.tokens, t.share)
+                     + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, t.share))
+    FROM (SELECT *, _share(tp_size, remote_tp_size) AS share FROM transfers) t
+    JOIN (SELECT * FROM _sized_requests WHERE NOT shares_agree) q USING (engine_id, request_id)
+    GROUP BY t.engine_id, t.request_id, t.share
 ),
 sized AS (
-    SELECT g.reads, g.reads_ok, g.transported_bytes,
-           -- no successful read: no sum (null, as a sum over no read is)
-           CASE WHEN g.reads_ok > 0 THEN g.reads_ok END AS n,
-           q.b * q.tokens // g.share + q.s * q.state_blocks // g.share AS logical,
-           _expected_attention_bytes(q.b, q.block, q.tokens, g.share) + q.s * q.state_blocks // g.share AS expected,
-           _expected_attention_bytes(q.b, q.block, q.tokens, g.share)
-           + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, g.share) AS reserved
-    FROM per_share g
-    JOIN _request_model q USING (engine_id, request_id)
+    -- no successful read: no sum (null, as a sum over no read is)
+    SELECT *, CASE WHEN reads_ok > 0 THEN reads_ok END AS n FROM per_share
 )
 SELECT
     CAST(coalesce(sum(reads), 0) AS BIGINT) AS reads,

@@ -23,7 +23,7 @@ HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOU
 --   aggregate_bytes                             bytes of all successful reads
 --   timed_reads, timed_bytes, descriptors,      over successful reads with a transfer time:
 --   post_s, xfer_s                              their count, bytes, descriptors and times
---   reads_ok                                    successful reads
+--   reads_ok, max_ok_bytes                      successful reads, and the bytes of the largest
 --   share, shares_agree                         reads per decode rank (accounting.sql's share) and whether
 --                                               every read of the request makes the same one (_accounting_totals
 --                                               then sizes the request once instead of read by read)
@@ -41,6 +41,7 @@ SELECT engine_id, request_id,
        sum(post_s) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS post_s,
        sum(xfer_s) FILTER (WHERE status = 'ok' AND xfer_s > 0) AS xfer_s,
        count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+       max(transported_bytes) FILTER (WHERE status = 'ok') AS max_ok_bytes,
        min(_share(tp_size, remote_tp_size)) AS share,
        min(_share(tp_size, remote_tp_size)) IS NOT DISTINCT FROM max(_share(tp_size, remote_tp_size))
            AND count(_share(tp_size, remote_tp_size)) IN (0, count(*)) AS shares_agree

@@ -53,11 +53,12 @@ _INPUT_TABLES = (
 # Views several rules read: computed once per analysis instead of once per rule, in this
 # order (each reads the ones before it). Every read's byte counts (transfer_bytes) are not
 # among them: materialising 25 columns of every read costs more than the one pass over it
-# that the analysis makes (the reads with excess bytes; the totals are summed from each
-# request's reads grouped once). The report, which reads them more often, adds them.
+# that the analysis makes (the reads of the requests that can hold excess bytes; the totals
+# are summed from each request's reads grouped once). The report, which reads them more
+# often, adds them.
 ANALYSIS_VIEWS = (
-    "_request_reads", "_accounting_totals", "_excess_reads", "handoffs", "_untimed_handoffs", "intervals",
-    "_untraced_interval_bytes", "_rank_windows",
+    "_request_reads", "_sized_requests", "_accounting_totals", "_excess_reads", "handoffs",
+    "_untimed_handoffs", "intervals", "_untraced_interval_bytes", "_rank_windows",
 )  # fmt: skip
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 
