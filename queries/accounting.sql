@@ -159,22 +159,23 @@ SELECT q.*, x.share, x.shares_agree, x.reads, x.reads_ok, x.aggregate_bytes AS t
 FROM _request_reads x
 JOIN _request_model q USING (engine_id, request_id);
 
--- _excess_reads: the successful reads that moved more than a correct connector would
--- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
--- rules look at, computed once per analysis instead of materialising every read. Only the
--- reads of requests that can hold one are sized: a request whose largest successful read
--- exceeds one read's expected bytes by more than the threshold, or whose reads make
--- different shares.
+-- _excess_request_model: the requests that can hold a read with excess bytes, with their byte
+-- model: the largest successful read exceeds one read's expected bytes by more than the
+-- excess_min_bytes threshold, or the reads make different shares (sized read by read).
 CREATE OR REPLACE VIEW _excess_request_model AS
 SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state
 FROM _sized_requests
 WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
 
+-- _excess_reads: the successful reads that moved more than a correct connector would
+-- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
+-- rules look at, computed once per analysis instead of materialising every read. Only the
+-- reads of _excess_request_model's requests are sized.
 CREATE OR REPLACE VIEW _excess_reads AS
 SELECT * FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
 -- _accounting_totals: one row: the sums of transfer_bytes, from each request's reads grouped
--- once (_request_reads) rather than from every read joined to its request. The reads of a
+-- once (_sized_requests) rather than from every read joined to its request. The reads of a
 -- request that all make the same share have the same four counts, so each sum is the count of
 -- its successful reads times them; a request whose reads make different shares (reads with
 -- other TP sizes) is summed per share.
