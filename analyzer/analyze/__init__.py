@@ -57,8 +57,8 @@ _INPUT_TABLES = (
 # are summed from each request's reads grouped once). The report, which reads them more
 # often, adds them.
 ANALYSIS_VIEWS = (
-    "_request_reads", "_sized_requests", "_accounting_totals", "_excess_reads", "handoffs",
-    "_untimed_handoffs", "intervals", "_untraced_interval_bytes", "_rank_windows",
+    "_request_reads", "_sized_requests", "_accounting_totals", "_excess_request_model", "_excess_reads",
+    "handoffs", "_untimed_handoffs", "intervals", "_untraced_interval_bytes", "_rank_windows",
 )  # fmt: skip
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 
