@@ -29,6 +29,13 @@ _INCLUDE = re.compile(r"^--\s*include:(.*)$")
 _DEFINES = re.compile(r"^CREATE\s+OR\s+REPLACE\s+(?:TEMP\s+)?(?:VIEW|MACRO|TABLE)\s+(\w+)", re.M | re.I)
 _MISSING = re.compile(r"with name (\w+) does not exist")
 
+# The statements of each module text, parsed once per process: DuckDB's parser takes a
+# tenth of installing the views, and a process that opens several connections (the
+# scheduled job, the demo, the tests) would parse the same text for each. A parsed
+# statement runs on any connection; keyed by the text, an edited file is parsed anew.
+_PARSED: dict[str, tuple[duckdb.Statement, ...]] = {}
+_PARSED_MAX = 256  # texts kept: far more than queries/ holds, a bound for callers' own modules
+
 
 class QueryModuleError(RuntimeError):
     """A module of ``queries/`` that cannot be installed: its includes, or a statement of it."""
@@ -134,12 +141,22 @@ def install_views(
     modules = list(sql_modules() if modules is None else modules)
     owners = {name: m.name for m in modules for name in m.defines}
     for module in install_order(modules, only):
-        for statement in con.extract_statements(module.text):
+        for statement in _statements(con, module):
             try:
                 con.execute(statement)
             except duckdb.Error as exc:
                 why = _explained(exc, module, owners)
                 raise QueryModuleError(f"queries/{module.name}.sql: {why}") from exc
+
+
+def _statements(con: duckdb.DuckDBPyConnection, module: SqlModule) -> tuple[duckdb.Statement, ...]:
+    """The statements of ``module``, parsed on ``con`` the first time this process sees its text."""
+    parsed = _PARSED.get(module.text)
+    if parsed is None:
+        parsed = tuple(con.extract_statements(module.text))
+        if len(_PARSED) < _PARSED_MAX:
+            _PARSED[module.text] = parsed
+    return parsed
 
 
 def _explained(exc: duckdb.Error, module: SqlModule, owners: dict[str, str]) -> str:

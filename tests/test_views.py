@@ -136,3 +136,21 @@ def test_a_malformed_doc_block_is_refused():
     assert doc.columns == (("x", "one and more"),)
     # private views and private modules need no block
     assert parse_view_docs(module("CREATE OR REPLACE VIEW _v AS SELECT 1 AS x;\n")) == []
+
+
+def test_a_module_text_parsed_before_installs_alike_and_an_edited_one_is_parsed_anew(empty_store):
+    first = parse_module("a", "-- a: one\n-- include:\nCREATE OR REPLACE VIEW a AS SELECT 1 AS x;\n")
+    edited = parse_module("a", "-- a: one\n-- include:\nCREATE OR REPLACE VIEW a AS SELECT 2 AS x;\n")
+    for module, value in [(first, 1), (first, 1), (edited, 2), (first, 1)]:
+        con = duckdb.connect()
+        install_views(con, [module])
+        assert con.sql("SELECT x FROM a").fetchall() == [(value,)]
+    # the packaged modules, installed twice in one process, define the same views
+    texts = []
+    for _ in range(2):
+        con = bare(empty_store)
+        install_views(con)
+        texts.append(con.sql("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal "
+                             "AND view_name <> '_engine_models_table' ORDER BY 1").fetchall())  # fmt: skip
+    assert texts[0] == texts[1]
+    assert len(texts[0]) > 50
