@@ -68,12 +68,20 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None
     return [rows[i][n] / rows[i][i] for i in range(n)]
 
 
-def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
-             descriptors: str | None = "descriptors") -> LinkFit | None:
-    """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
+@dataclass(frozen=True)
+class _Prepared:
+    """One set of reads made ready for the IRLS: scaled regressors and the bookkeeping to undo it."""
 
-    None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
-    """
+    work: pl.DataFrame  # columns ``one``, ``x0`` [, ``x1``] (scaled) and ``y`` (seconds)
+    names: list[str]  # the regressors' columns in ``work``
+    x_names: list[str]  # the source columns of x0 [, x1]
+    scales: dict[str, float]
+    floor: float  # the least residual a weight divides by
+    note: str
+
+
+def _prepare(frame: pl.DataFrame, time: str, nbytes: str, descriptors: str | None) -> _Prepared | None:
+    """The usable reads of ``frame``, scaled; None when fewer than ``MIN_TRANSFERS`` remain."""
     columns = [time, nbytes] + ([descriptors] if descriptors and descriptors in frame.columns else [])
     data = frame.select([pl.col(c).cast(pl.Float64) for c in columns]).drop_nulls()
     data = data.filter(pl.all_horizontal(pl.all().is_finite()) & (pl.col(time) > 0))
@@ -95,37 +103,123 @@ def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes"
         pl.col(time).alias("y"),
     ).rename(dict(zip(x_names, names[1:], strict=True)))
     floor = 1e-6 * work["y"].abs().mean()
-    coef = [0.0] * len(names)
-    weights = pl.lit(1.0)
-    for _ in range(ITERATIONS):
-        sums = work.select(
-            *(pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(f"{a}*{b}")
-              for a in names for b in names),
-            *(pl.sum_horizontal(weights * pl.col(a) * pl.col("y")).sum().alias(f"{a}*y") for a in names),
-        ).row(0, named=True)
-        solved = _solve([[sums[f"{a}*{b}"] for b in names] for a in names], [sums[f"{a}*y"] for a in names])
-        if solved is None:
-            return None
-        shift = max(abs(a - b) for a, b in zip(solved, coef, strict=True))
-        coef = solved
-        fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
+    return _Prepared(work, names, x_names, scales, floor, note)
+
+
+def _fitted(names: list[str], coef: list[float]) -> pl.Expr:
+    return pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
+
+
+def _normal_sums(fit: _Prepared, coef: list[float] | None) -> tuple[pl.LazyFrame, dict[tuple[str, str], str]]:
+    """One iteration's weighted sums of products (a plan of one row), and the sum each entry
+    of the normal equations (a, b) — b ``y`` for the right-hand side — reads.
+
+    The weights are a column computed once, not once per sum, and the weighted regressors
+    too: w·x is the same product whichever sum reads it, and w·1 is w, so the 12 entries
+    are 10 sums — each over the very values (and in the very order) the one-sum-per-entry
+    form summed, so that the fit is the same to the last bit. That matters: on reads where
+    the median line is not unique the IRLS has not settled after ``ITERATIONS``, and a
+    different summation order moves the fit by parts in 10⁴.
+    """
+    if coef is None:
+        weights = pl.lit(1.0)  # the first pass is least squares
+    else:
         # L1: weights 1/|residual| make least squares converge to the median line
-        weights = 1.0 / pl.max_horizontal((pl.col("y") - fitted).abs(), pl.lit(floor))
-        if shift < 1e-12 * max(abs(c) for c in coef):
+        residual = (pl.col("y") - _fitted(fit.names, coef)).abs()
+        weights = 1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))
+    xs = fit.names[1:]
+    plan = fit.work.lazy().with_columns(weights.alias("_w"))
+    plan = plan.with_columns((pl.col("_w") * pl.col(x)).alias(f"_w{x}") for x in xs)
+
+    def weighted(a: str) -> str:
+        return "_w" if a == "one" else f"_w{a}"
+
+    products: dict[str, pl.Expr] = {}
+    entries: dict[tuple[str, str], str] = {}
+    for a in fit.names:
+        for b in [*fit.names, "y"]:
+            # (w·a)·b as the old form multiplied it; a or b the column of ones: w·b or w·a exactly
+            left, right = (b, None) if a == "one" and b != "y" else (a, None if b == "one" else b)
+            key = f"{weighted(left)}*{right}" if right else weighted(left)
+            if key not in products:
+                product = pl.col(weighted(left)) * pl.col(right) if right else pl.col(weighted(left))
+                products[key] = product.sum().alias(key)
+            entries[a, b] = key
+    return plan.select(products.values()), entries
+
+
+def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
+    """The median-line coefficients of each prepared set of reads (None: a singular system).
+
+    All sets iterate together: each iteration is one ``collect_all`` of the sums of every set
+    still iterating (a few thousand reads cost a select less than its own overhead), and a
+    set leaves the loop at the iteration its own convergence test passes, as alone it would.
+    """
+    coefs: list[list[float] | None] = [None] * len(fits)
+    going = list(range(len(fits)))
+    for _ in range(ITERATIONS):
+        if not going:
             break
-    fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
-    median_error = work.select(((fitted - pl.col("y")).abs() / pl.col("y")).median()).item() * 100
-    y = work["y"]
-    per_byte = coef[1] / scales[x_names[0]]
-    per_descriptor = coef[2] / scales[x_names[1]] if len(x_names) == 2 else None
-    return LinkFit(
-        transfers=len(y),
-        fixed_s=coef[0],
-        bandwidth_bytes_per_s=1.0 / per_byte if per_byte > 0 and math.isfinite(per_byte) else None,
-        per_descriptor_s=per_descriptor if per_descriptor is not None and per_descriptor > 0 else None,
-        median_abs_error_pct=round(median_error, 3),
-        note=note,
-    )
+        plans = [_normal_sums(fits[i], coefs[i]) for i in going]
+        # the in-memory engine, as an eager select runs: the streaming one sums in morsels,
+        # another order (and so, here, another fit)
+        results = pl.collect_all([plan for plan, _ in plans], engine="in-memory")
+        still = []
+        for i, (_, entries), result in zip(going, plans, results, strict=True):
+            sums = result.row(0, named=True)
+            names = fits[i].names
+            solved = _solve([[sums[entries[a, b]] for b in names] for a in names],
+                            [sums[entries[a, "y"]] for a in names])  # fmt: skip
+            if solved is None:
+                coefs[i] = None
+                continue
+            coef = coefs[i] or [0.0] * len(names)
+            shift = max(abs(a - b) for a, b in zip(solved, coef, strict=True))
+            coefs[i] = solved
+            if not shift < 1e-12 * max(abs(c) for c in solved):
+                still.append(i)
+        going = still
+    return coefs
+
+
+def _fit_links(sets: list[tuple[pl.DataFrame, str | None]], *, time: str = "xfer_s",
+               nbytes: str = "bytes") -> list[LinkFit | None]:  # fmt: skip
+    """``fit_link`` of each (reads, descriptors column) at once: one IRLS loop for all."""
+    prepared = [_prepare(frame, time, nbytes, descriptors) for frame, descriptors in sets]
+    ready = [p for p in prepared if p is not None]
+    coefs = dict(zip(map(id, ready), _irls(ready), strict=True))
+    solved = [p for p in ready if coefs[id(p)] is not None]
+    errors = pl.collect_all([
+        p.work.lazy().select(((_fitted(p.names, coefs[id(p)]) - pl.col("y")).abs() / pl.col("y")).median())
+        for p in solved
+    ], engine="in-memory")  # fmt: skip
+    medians = {id(p): e.item() * 100 for p, e in zip(solved, errors, strict=True)}
+    fits: list[LinkFit | None] = []
+    for p in prepared:
+        coef = coefs.get(id(p)) if p is not None else None
+        if p is None or coef is None:
+            fits.append(None)
+            continue
+        per_byte = coef[1] / p.scales[p.x_names[0]]
+        per_descriptor = coef[2] / p.scales[p.x_names[1]] if len(p.x_names) == 2 else None
+        fits.append(LinkFit(
+            transfers=p.work.height,
+            fixed_s=coef[0],
+            bandwidth_bytes_per_s=1.0 / per_byte if per_byte > 0 and math.isfinite(per_byte) else None,
+            per_descriptor_s=per_descriptor if per_descriptor is not None and per_descriptor > 0 else None,
+            median_abs_error_pct=round(medians[id(p)], 3),
+            note=p.note,
+        ))  # fmt: skip
+    return fits
+
+
+def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
+             descriptors: str | None = "descriptors") -> LinkFit | None:
+    """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
+
+    None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
+    """
+    return _fit_links([(frame, descriptors)], time=time, nbytes=nbytes)[0]
 
 
 def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None = None,
