@@ -114,12 +114,13 @@ def _normal_sums(fit: _Prepared, coef: list[float] | None) -> tuple[pl.LazyFrame
     """One iteration's weighted sums of products (a plan of one row), and the sum each entry
     of the normal equations (a, b) — b ``y`` for the right-hand side — reads.
 
-    The weights are a column computed once, not once per sum, and the weighted regressors
-    too: w·x is the same product whichever sum reads it, and w·1 is w, so the 12 entries
-    are 10 sums — each over the very values (and in the very order) the one-sum-per-entry
-    form summed, so that the fit is the same to the last bit. That matters: on reads where
-    the median line is not unique the IRLS has not settled after ``ITERATIONS``, and a
-    different summation order moves the fit by parts in 10⁴.
+    The weights are a column computed once, not once per sum, and each weighted regressor
+    w·a once for the sums that read it; the products are otherwise the one-sum-per-entry
+    form's, (w·a)·b, w·1 included: over reads in one chunk (a group's sorted sample) each sum
+    adds the very values in the very order that form added, so the fit is the same to the
+    last bit. That matters: on reads where the median line is not unique the IRLS has not
+    settled after ``ITERATIONS``, and another summation order (another chunking, the
+    streaming engine's morsels) moves the fit by parts in 10⁴.
     """
     if coef is None:
         weights = pl.lit(1.0)  # the first pass is least squares
@@ -127,25 +128,17 @@ def _normal_sums(fit: _Prepared, coef: list[float] | None) -> tuple[pl.LazyFrame
         # L1: weights 1/|residual| make least squares converge to the median line
         residual = (pl.col("y") - _fitted(fit.names, coef)).abs()
         weights = 1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))
-    xs = fit.names[1:]
+    entries = {(a, b): f"{a}*{b}" for a in fit.names for b in [*fit.names, "y"]}
+    if max(fit.work.n_chunks("all")) > 1:
+        # reads in several chunks (a whole store's, from Arrow): how polars splits the shared
+        # weights among them is its own, so these sums are the one-select form's, as they were
+        inline = (pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(key)
+                  for (a, b), key in entries.items())  # fmt: skip
+        return fit.work.lazy().select(inline), entries
     plan = fit.work.lazy().with_columns(weights.alias("_w"))
-    plan = plan.with_columns((pl.col("_w") * pl.col(x)).alias(f"_w{x}") for x in xs)
-
-    def weighted(a: str) -> str:
-        return "_w" if a == "one" else f"_w{a}"
-
-    products: dict[str, pl.Expr] = {}
-    entries: dict[tuple[str, str], str] = {}
-    for a in fit.names:
-        for b in [*fit.names, "y"]:
-            # (w·a)·b as the old form multiplied it; a or b the column of ones: w·b or w·a exactly
-            left, right = (b, None) if a == "one" and b != "y" else (a, None if b == "one" else b)
-            key = f"{weighted(left)}*{right}" if right else weighted(left)
-            if key not in products:
-                product = pl.col(weighted(left)) * pl.col(right) if right else pl.col(weighted(left))
-                products[key] = product.sum().alias(key)
-            entries[a, b] = key
-    return plan.select(products.values()), entries
+    plan = plan.with_columns((pl.col("_w") * pl.col(a)).alias(f"_w{a}") for a in fit.names)
+    sums = plan.select((pl.col(f"_w{a}") * pl.col(b)).sum().alias(key) for (a, b), key in entries.items())
+    return sums, entries
 
 
 def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
@@ -356,11 +349,14 @@ def _bench_points(con) -> pl.DataFrame:
 def _bench_fits(con) -> list[dict]:
     """A fit per link from its nixlbench points (scope and source 'nixlbench')."""
     points = _bench_points(con)
+    groups = [
+        (link, group)
+        for (link,), group in (points.partition_by(["link"], as_dict=True).items() if points.height else [])
+        if group.height >= MIN_TRANSFERS
+    ]
+    fits = _fit_links([(group, "descriptors") for _, group in groups])
     rows = []
-    for (link,), group in points.partition_by(["link"], as_dict=True).items() if points.height else []:
-        if group.height < MIN_TRANSFERS:
-            continue
-        fit = fit_link(group, descriptors="descriptors")
+    for (link, group), fit in zip(groups, fits, strict=True):
         if fit is None:
             continue
         rows.append({
@@ -386,10 +382,10 @@ def link_fits_frame(con) -> pl.DataFrame:
     finest, kept, source = *_sampled_reads(con, _TRACE_READS), "trace"
     if finest.height == 0:
         finest, kept, source = *_sampled_reads(con, _RING_READS), "nixl"
-    rows: list[dict] = []
     # a group made of the same finest groups as one fitted before (one pair on one link: its
     # pair, link and fleet fits) holds the same reads, so it has the same sample and fit
-    fitted: dict[frozenset, tuple] = {}
+    samples: dict[frozenset, pl.DataFrame] = {}
+    wanted: list[tuple[str, tuple, tuple, int, frozenset]] = []  # (scope, keys, values, reads, sample)
     finest_keys = list(_GROUPS["rank"])
     for scope, keys in _GROUPS.items():
         if finest.height == 0:
@@ -405,8 +401,8 @@ def link_fits_frame(con) -> pl.DataFrame:
             else sizes.select(pl.col("n").sum())
         )
         chosen = kept.filter(_in_scope(scope))
-        if all(frozenset(m) in fitted for m in members.values()):
-            chosen = chosen.clear()  # every group's fit is known: no reads to split
+        if all(frozenset(m) in samples for m in members.values()):
+            chosen = chosen.clear()  # every group's sample is known: no reads to split
         # each group's reads below its own threshold (as _sampled_reads computes it), cut in one
         # pass before the groups are split: its sample is the lowest of them
         own_share = _OVERSAMPLE * MAX_FIT_READS / pl.col("n")
@@ -424,39 +420,45 @@ def link_fits_frame(con) -> pl.DataFrame:
             if reads_in_group < MIN_TRANSFERS:
                 continue
             same = frozenset(members[values])
-            if same not in fitted:
+            if same not in samples:
                 group = groups.get(values, chosen.clear())
-                fitted[same] = _fit_group(con, source, group, keys, values, reads_in_group)
-            fit, descriptors, group_bytes = fitted[same]
-            if fit is None:
-                continue
-            rows.append({
-                "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
-                "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
-                "fixed_s": fit.fixed_s,
-                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
-                "bytes_per_descriptor": group_bytes / descriptors if descriptors else None,
-                "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
-            })  # fmt: skip
+                samples[same] = _group_sample(con, source, group, keys, values, reads_in_group)
+            wanted.append((scope, keys, values, reads_in_group, same))
+    # every sample fitted at once: one IRLS loop for all of them
+    sets = [(sample, _descriptors_column(sample)) for sample in samples.values()]
+    fits = dict(zip(samples, _fit_links(sets), strict=True))
+    rows: list[dict] = []
+    for scope, keys, values, reads_in_group, same in wanted:
+        fit, sample = fits[same], samples[same]
+        if fit is None:
+            continue
+        descriptors = sample["descriptors"].sum() if _descriptors_column(sample) else None
+        rows.append({
+            "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
+            "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
+            "fixed_s": fit.fixed_s,
+            "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
+            "bytes_per_descriptor": sample["bytes"].sum() / descriptors if descriptors else None,
+            "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
+        })  # fmt: skip
     rows += _bench_fits(con)
     return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
 
 
-def _fit_group(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,
-               reads_in_group: int) -> tuple[LinkFit | None, int | None, int]:  # fmt: skip
-    """(the fit of one group from its reads below its threshold, its sample's descriptors and bytes)."""
+def _group_sample(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,
+                  reads_in_group: int) -> pl.DataFrame:  # fmt: skip
+    """The sample one group is fitted on, from its reads below its threshold."""
     if reads_in_group > MAX_FIT_READS:
         # too few reads fell below the threshold for a sample: read the whole group
         if group.height < MAX_FIT_READS:
             group = _whole_group(con, source, dict(zip(keys, values, strict=True)))
-        group = group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
-    else:
-        group = group.sort("h", "xfer_s", "bytes", "descriptors")
+        return group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
+    return group.sort("h", "xfer_s", "bytes", "descriptors")
+
+
+def _descriptors_column(sample: pl.DataFrame) -> str | None:
     # a read without a descriptor count would drop out of a fit with the term: leave it out
-    counted = group["descriptors"].null_count() == 0
-    fit = fit_link(group, descriptors="descriptors" if counted else None)
-    descriptors = group["descriptors"].sum() if counted else None
-    return fit, descriptors, group["bytes"].sum()
+    return "descriptors" if sample["descriptors"].null_count() == 0 else None
 
 
 def _whole_group(con, source: str, values: dict) -> pl.DataFrame:
