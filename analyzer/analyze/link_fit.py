@@ -323,12 +323,17 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         thresholds.append(sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share")))
     shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
     cut = shares.select(*keys, _hash_below(pl.col("share")).alias("below"))
+    # no read at or above every group's threshold is kept: cut those before the join, which then
+    # matches the few kept (a share of each group) rather than every read of the store
+    below_all = None if cut["below"].null_count() else cut["below"].max()
     con.register("_fit_cut", cut.to_arrow())
     try:
         kept = pl.from_arrow(con.sql(
             f"SELECT r.* FROM ({reads_sql}) r JOIN _fit_cut c ON "
             + " AND ".join(f"r.{k} IS NOT DISTINCT FROM c.{k}" for k in keys)
-            + " WHERE c.below IS NULL OR r.h < c.below"
+            + " WHERE (c.below IS NULL OR r.h < c.below)"
+            + ("" if below_all is None else " AND r.h < ?"),
+            params=[] if below_all is None else [below_all],
         ).to_arrow_table())  # fmt: skip
     finally:
         con.unregister("_fit_cut")
