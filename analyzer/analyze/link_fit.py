@@ -110,7 +110,8 @@ def _fitted(names: list[str], coef: list[float]) -> pl.Expr:
     return pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
 
 
-def _normal_sums(fit: _Prepared, coef: list[float] | None) -> tuple[pl.LazyFrame, dict[tuple[str, str], str]]:
+def _normal_sums(fit: _Prepared, coef: list[float] | None,
+                 built: dict[int, tuple]) -> tuple[pl.LazyFrame, dict[tuple[str, str], str]]:  # fmt: skip
     """One iteration's weighted sums of products (a plan of one row), and the sum each entry
     of the normal equations (a, b) — b ``y`` for the right-hand side — reads.
 
@@ -120,25 +121,39 @@ def _normal_sums(fit: _Prepared, coef: list[float] | None) -> tuple[pl.LazyFrame
     adds the very values in the very order that form added, so the fit is the same to the
     last bit. That matters: on reads where the median line is not unique the IRLS has not
     settled after ``ITERATIONS``, and another summation order (another chunking, the
-    streaming engine's morsels) moves the fit by parts in 10⁴.
+    streaming engine's morsels) moves the fit by parts in 10⁴. The coefficients enter as
+    columns of one value, so that a set's expressions are built once (in ``built``) and not
+    again each iteration: the same products of the same floats.
     """
-    if coef is None:
-        weights = pl.lit(1.0)  # the first pass is least squares
-    else:
-        # L1: weights 1/|residual| make least squares converge to the median line
-        residual = (pl.col("y") - _fitted(fit.names, coef)).abs()
-        weights = 1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))
     entries = {(a, b): f"{a}*{b}" for a in fit.names for b in [*fit.names, "y"]}
     if max(fit.work.n_chunks("all")) > 1:
         # reads in several chunks (a whole store's, from Arrow): how polars splits the shared
         # weights among them is its own, so these sums are the one-select form's, as they were
+        if coef is None:
+            weights = pl.lit(1.0)
+        else:
+            residual = (pl.col("y") - _fitted(fit.names, coef)).abs()
+            weights = 1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))
         inline = (pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(key)
                   for (a, b), key in entries.items())  # fmt: skip
         return fit.work.lazy().select(inline), entries
-    plan = fit.work.lazy().with_columns(weights.alias("_w"))
-    plan = plan.with_columns((pl.col("_w") * pl.col(a)).alias(f"_w{a}") for a in fit.names)
-    sums = plan.select((pl.col(f"_w{a}") * pl.col(b)).sum().alias(key) for (a, b), key in entries.items())
-    return sums, entries
+    if id(fit) not in built:
+        terms = [pl.col(n) * pl.col(f"_c{i}") for i, n in enumerate(fit.names)]
+        residual = (pl.col("y") - pl.sum_horizontal(terms)).abs()
+        built[id(fit)] = (
+            # L1: weights 1/|residual| make least squares converge to the median line
+            (1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))).alias("_w"),
+            [(pl.col("_w") * pl.col(a)).alias(f"_w{a}") for a in fit.names],
+            [(pl.col(f"_w{a}") * pl.col(b)).sum().alias(key) for (a, b), key in entries.items()],
+        )
+    weights, weighted, sums = built[id(fit)]
+    plan = fit.work.lazy()
+    if coef is None:
+        plan = plan.with_columns(pl.lit(1.0).alias("_w"))  # the first pass is least squares
+    else:
+        plan = plan.with_columns(pl.lit(c, pl.Float64).alias(f"_c{i}") for i, c in enumerate(coef))
+        plan = plan.with_columns(weights)
+    return plan.with_columns(weighted).select(sums), entries
 
 
 def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
@@ -150,10 +165,11 @@ def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
     """
     coefs: list[list[float] | None] = [None] * len(fits)
     going = list(range(len(fits)))
+    built: dict[int, tuple] = {}
     for _ in range(ITERATIONS):
         if not going:
             break
-        plans = [_normal_sums(fits[i], coefs[i]) for i in going]
+        plans = [_normal_sums(fits[i], coefs[i], built) for i in going]
         # the in-memory engine, as an eager select runs: the streaming one sums in morsels,
         # another order (and so, here, another fit)
         results = pl.collect_all([plan for plan, _ in plans], engine="in-memory")
