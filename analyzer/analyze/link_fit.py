@@ -293,6 +293,9 @@ FROM nixl_transfer_ranks WHERE xfer_us > 0
 # of n reads keeps about OVERSAMPLE × MAX_FIT_READS of them below its threshold.
 _OVERSAMPLE = 3
 _HASH_SPACE = 1 << 64
+# Reads below the highest threshold may be this many times those below each one's own before
+# the scan joins the reads with the thresholds to keep only the latter.
+_ALIKE = 1.25
 
 
 def _in_scope(scope: str) -> pl.Expr:
@@ -320,7 +323,9 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     A group's sample is its ``MAX_FIT_READS`` reads of lowest hash. Every read of a group
     below the group's threshold is kept (its coarsest group's threshold is the lowest), so
     the reads kept hold each group's sample whenever enough of them fall below it; the
-    caller checks that, group by group. Nothing of the millions of reads is sorted.
+    caller checks that, group by group, after cutting each group at its own threshold (some
+    reads above it may be kept: where the thresholds are alike, all below the highest).
+    Nothing of the millions of reads is sorted.
     """
     keys = list(_GROUPS["rank"])
     # two scans of the store's reads rather than one copy of them read twice: DuckDB reads
@@ -336,12 +341,19 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     for scope, group_keys in _GROUPS.items():
         sizes = finest.filter(_in_scope(scope))
         size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
-        thresholds.append(sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share")))
-    shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
+        thresholds.append(sizes.select(*keys, "n", (limit / size).clip(upper_bound=1.0).alias("share")))
+    shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max(), pl.col("n").first())
     cut = shares.select(*keys, _hash_below(pl.col("share")).alias("below"))
-    # no read at or above every group's threshold is kept: cut those before the join, which then
-    # matches the few kept (a share of each group) rather than every read of the store
+    # no read at or above every group's threshold is kept: cut those in the scan
     below_all = None if cut["below"].null_count() else cut["below"].max()
+    if below_all is not None and (
+        shares["n"].sum() * shares["share"].max() <= _ALIKE * (shares["n"] * shares["share"]).sum()
+    ):
+        # the thresholds alike (the groups of a scope are of a size): the reads below the highest
+        # are few more than those below each one's own, and no join of the reads with the
+        # thresholds is worth its cost; the caller cuts each group at its own threshold anyway
+        plain = con.sql(f"SELECT * FROM ({reads_sql}) WHERE h < ?", params=[below_all])
+        return finest, pl.from_arrow(plain.to_arrow_table())
     con.register("_fit_cut", cut.to_arrow())
     try:
         kept = pl.from_arrow(con.sql(
