@@ -166,13 +166,24 @@ def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
     coefs: list[list[float] | None] = [None] * len(fits)
     going = list(range(len(fits)))
     built: dict[int, tuple] = {}
+    chunked = [max(fit.work.n_chunks("all")) > 1 for fit in fits]
     for _ in range(ITERATIONS):
         if not going:
             break
         plans = [_normal_sums(fits[i], coefs[i], built) for i in going]
-        # the in-memory engine, as an eager select runs: the streaming one sums in morsels,
-        # another order (and so, here, another fit)
-        results = pl.collect_all([plan for plan, _ in plans], engine="in-memory")
+        results: list[pl.DataFrame] = [pl.DataFrame()] * len(going)
+        # the one-chunk plans are a bare chain of projections: the optimizer would find nothing
+        # to gain there, at a cost; the several-chunk ones sum as the eager select did only
+        # with its optimizations (the shared weights computed once), so they keep them
+        for several, flags in ((False, pl.QueryOptFlags.none()), (True, pl.QueryOptFlags())):
+            which = [k for k, i in enumerate(going) if chunked[i] is several]
+            if not which:
+                continue
+            # the in-memory engine, as an eager select runs: the streaming one sums in
+            # morsels, another order (and so, here, another fit)
+            done = pl.collect_all([plans[k][0] for k in which], engine="in-memory", optimizations=flags)
+            for k, result in zip(which, done, strict=True):
+                results[k] = result
         still = []
         for i, (_, entries), result in zip(going, plans, results, strict=True):
             sums = result.row(0, named=True)
