@@ -160,8 +160,9 @@ def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
     """The median-line coefficients of each prepared set of reads (None: a singular system).
 
     All sets iterate together: each iteration is one ``collect_all`` of the sums of every set
-    still iterating (a few thousand reads cost a select less than its own overhead), and a
-    set leaves the loop at the iteration its own convergence test passes, as alone it would.
+    still iterating (one call into polars, not one a set: on a sample of 20,000 reads the
+    call's overhead is much of its time), and a set leaves the loop at the iteration its own
+    convergence test passes, as alone it would.
     """
     coefs: list[list[float] | None] = [None] * len(fits)
     going = list(range(len(fits)))
