@@ -243,3 +243,37 @@ def test_a_sample_is_the_same_in_any_scan_order_and_with_any_oversampling(monkey
     fallback = link_fit.link_fits_frame(_fits_connection(frame))
     assert first.height == 5 and set(first["transfers_used"]) == {60}
     assert first.equals(shuffled) and first.equals(fallback)
+
+
+def test_sets_fitted_together_get_each_the_fit_it_gets_alone():
+    """One IRLS loop for many sets of reads: each set leaves it at its own convergence, a set
+    too small or singular gives None, and the others' fits are the same to the last bit."""
+    from hybridtrace.analyze.link_fit import _fit_links
+
+    grown = reads(300, seed=8).with_columns((pl.col("bytes") / 4096).round().alias("descriptors"))
+    one_size = [pl.lit(float(1 << 20)).alias("bytes"), pl.lit(16).alias("descriptors")]
+    flat = reads(50, seed=9).with_columns(one_size)
+    sets = [
+        (reads(300, seed=1), "descriptors"),
+        (reads(5), "descriptors"),  # too few
+        (reads(400, slow_share=0.02, seed=7), "descriptors"),
+        (grown, "descriptors"),  # descriptors left out
+        (flat, "descriptors"),  # one size: fixed cost and bandwidth cannot be told apart
+        (reads(200, seed=2), None),
+    ]
+    together = _fit_links(sets)
+    alone = [fit_link(frame, descriptors=descriptors) for frame, descriptors in sets]
+    assert together == alone
+    assert [fit is None for fit in together] == [False, True, False, False, True, False]
+    assert together[3].per_descriptor_s is None and together[5].per_descriptor_s is None
+
+
+def test_reads_in_several_chunks_fit_as_in_one():
+    # a whole store's reads come from Arrow in chunks: the sums follow them, the line does not move
+    frame = reads(600, seed=4)
+    chunked = pl.concat([frame.head(250), frame.slice(250, 200), frame.tail(150)], rechunk=False)
+    assert chunked.n_chunks() == 3
+    one, several = fit_link(frame), fit_link(chunked)
+    assert several.transfers == one.transfers == 600
+    for field in ("fixed_s", "bandwidth_bytes_per_s", "per_descriptor_s"):
+        assert getattr(several, field) == pytest.approx(getattr(one, field), rel=1e-6)

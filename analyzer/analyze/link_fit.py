@@ -68,12 +68,20 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None
     return [rows[i][n] / rows[i][i] for i in range(n)]
 
 
-def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
-             descriptors: str | None = "descriptors") -> LinkFit | None:
-    """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
+@dataclass(frozen=True)
+class _Prepared:
+    """One set of reads made ready for the IRLS: scaled regressors and the bookkeeping to undo it."""
 
-    None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
-    """
+    work: pl.DataFrame  # columns ``one``, ``x0`` [, ``x1``] (scaled) and ``y`` (seconds)
+    names: list[str]  # the regressors' columns in ``work``
+    x_names: list[str]  # the source columns of x0 [, x1]
+    scales: dict[str, float]
+    floor: float  # the least residual a weight divides by
+    note: str
+
+
+def _prepare(frame: pl.DataFrame, time: str, nbytes: str, descriptors: str | None) -> _Prepared | None:
+    """The usable reads of ``frame``, scaled; None when fewer than ``MIN_TRANSFERS`` remain."""
     columns = [time, nbytes] + ([descriptors] if descriptors and descriptors in frame.columns else [])
     data = frame.select([pl.col(c).cast(pl.Float64) for c in columns]).drop_nulls()
     data = data.filter(pl.all_horizontal(pl.all().is_finite()) & (pl.col(time) > 0))
@@ -95,37 +103,144 @@ def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes"
         pl.col(time).alias("y"),
     ).rename(dict(zip(x_names, names[1:], strict=True)))
     floor = 1e-6 * work["y"].abs().mean()
-    coef = [0.0] * len(names)
-    weights = pl.lit(1.0)
+    return _Prepared(work, names, x_names, scales, floor, note)
+
+
+def _fitted(names: list[str], coef: list[float]) -> pl.Expr:
+    return pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
+
+
+def _normal_sums(fit: _Prepared, coef: list[float] | None,
+                 built: dict[int, tuple]) -> tuple[pl.LazyFrame, dict[tuple[str, str], str]]:  # fmt: skip
+    """One iteration's weighted sums of products (a plan of one row), and the sum each entry
+    of the normal equations (a, b) — b ``y`` for the right-hand side — reads.
+
+    The weights are a column computed once, not once per sum, and each weighted regressor
+    w·a once for the sums that read it; the products are otherwise the one-sum-per-entry
+    form's, (w·a)·b, w·1 included: over reads in one chunk (a group's sorted sample) each sum
+    adds the very values in the very order that form added, so the fit is the same to the
+    last bit. That matters: on reads where the median line is not unique the IRLS has not
+    settled after ``ITERATIONS``, and another summation order (another chunking, the
+    streaming engine's morsels) moves the fit by parts in 10⁴. The coefficients enter as
+    columns of one value, so that a set's expressions are built once (in ``built``) and not
+    again each iteration: the same products of the same floats.
+    """
+    entries = {(a, b): f"{a}*{b}" for a in fit.names for b in [*fit.names, "y"]}
+    if max(fit.work.n_chunks("all")) > 1:
+        # reads in several chunks (a whole store's, from Arrow): how polars splits the shared
+        # weights among them is its own, so these sums are the one-select form's, as they were
+        if coef is None:
+            weights = pl.lit(1.0)
+        else:
+            residual = (pl.col("y") - _fitted(fit.names, coef)).abs()
+            weights = 1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))
+        inline = (pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(key)
+                  for (a, b), key in entries.items())  # fmt: skip
+        return fit.work.lazy().select(inline), entries
+    if id(fit) not in built:
+        terms = [pl.col(n) * pl.col(f"_c{i}") for i, n in enumerate(fit.names)]
+        residual = (pl.col("y") - pl.sum_horizontal(terms)).abs()
+        built[id(fit)] = (
+            # L1: weights 1/|residual| make least squares converge to the median line
+            (1.0 / pl.max_horizontal(residual, pl.lit(fit.floor))).alias("_w"),
+            [(pl.col("_w") * pl.col(a)).alias(f"_w{a}") for a in fit.names],
+            [(pl.col(f"_w{a}") * pl.col(b)).sum().alias(key) for (a, b), key in entries.items()],
+        )
+    weights, weighted, sums = built[id(fit)]
+    plan = fit.work.lazy()
+    if coef is None:
+        plan = plan.with_columns(pl.lit(1.0).alias("_w"))  # the first pass is least squares
+    else:
+        plan = plan.with_columns(pl.lit(c, pl.Float64).alias(f"_c{i}") for i, c in enumerate(coef))
+        plan = plan.with_columns(weights)
+    return plan.with_columns(weighted).select(sums), entries
+
+
+def _irls(fits: list[_Prepared]) -> list[list[float] | None]:
+    """The median-line coefficients of each prepared set of reads (None: a singular system).
+
+    All sets iterate together: each iteration is one ``collect_all`` of the sums of every set
+    still iterating (one call into polars, not one a set: on a sample of 20,000 reads the
+    call's overhead is much of its time), and a set leaves the loop at the iteration its own
+    convergence test passes, as alone it would.
+    """
+    coefs: list[list[float] | None] = [None] * len(fits)
+    going = list(range(len(fits)))
+    built: dict[int, tuple] = {}
+    chunked = [max(fit.work.n_chunks("all")) > 1 for fit in fits]
     for _ in range(ITERATIONS):
-        sums = work.select(
-            *(pl.sum_horizontal(weights * pl.col(a) * pl.col(b)).sum().alias(f"{a}*{b}")
-              for a in names for b in names),
-            *(pl.sum_horizontal(weights * pl.col(a) * pl.col("y")).sum().alias(f"{a}*y") for a in names),
-        ).row(0, named=True)
-        solved = _solve([[sums[f"{a}*{b}"] for b in names] for a in names], [sums[f"{a}*y"] for a in names])
-        if solved is None:
-            return None
-        shift = max(abs(a - b) for a, b in zip(solved, coef, strict=True))
-        coef = solved
-        fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
-        # L1: weights 1/|residual| make least squares converge to the median line
-        weights = 1.0 / pl.max_horizontal((pl.col("y") - fitted).abs(), pl.lit(floor))
-        if shift < 1e-12 * max(abs(c) for c in coef):
+        if not going:
             break
-    fitted = pl.sum_horizontal([pl.col(n) * c for n, c in zip(names, coef, strict=True)])
-    median_error = work.select(((fitted - pl.col("y")).abs() / pl.col("y")).median()).item() * 100
-    y = work["y"]
-    per_byte = coef[1] / scales[x_names[0]]
-    per_descriptor = coef[2] / scales[x_names[1]] if len(x_names) == 2 else None
-    return LinkFit(
-        transfers=len(y),
-        fixed_s=coef[0],
-        bandwidth_bytes_per_s=1.0 / per_byte if per_byte > 0 and math.isfinite(per_byte) else None,
-        per_descriptor_s=per_descriptor if per_descriptor is not None and per_descriptor > 0 else None,
-        median_abs_error_pct=round(median_error, 3),
-        note=note,
-    )
+        plans = [_normal_sums(fits[i], coefs[i], built) for i in going]
+        results: list[pl.DataFrame] = [pl.DataFrame()] * len(going)
+        # the one-chunk plans are a bare chain of projections: the optimizer would find nothing
+        # to gain there, at a cost; the several-chunk ones sum as the eager select did only
+        # with its optimizations (the shared weights computed once), so they keep them
+        for several, flags in ((False, pl.QueryOptFlags.none()), (True, pl.QueryOptFlags())):
+            which = [k for k, i in enumerate(going) if chunked[i] is several]
+            if not which:
+                continue
+            # the in-memory engine, as an eager select runs: the streaming one sums in
+            # morsels, another order (and so, here, another fit)
+            done = pl.collect_all([plans[k][0] for k in which], engine="in-memory", optimizations=flags)
+            for k, result in zip(which, done, strict=True):
+                results[k] = result
+        still = []
+        for i, (_, entries), result in zip(going, plans, results, strict=True):
+            sums = result.row(0, named=True)
+            names = fits[i].names
+            solved = _solve([[sums[entries[a, b]] for b in names] for a in names],
+                            [sums[entries[a, "y"]] for a in names])  # fmt: skip
+            if solved is None:
+                coefs[i] = None
+                continue
+            coef = coefs[i] or [0.0] * len(names)
+            shift = max(abs(a - b) for a, b in zip(solved, coef, strict=True))
+            coefs[i] = solved
+            if not shift < 1e-12 * max(abs(c) for c in solved):
+                still.append(i)
+        going = still
+    return coefs
+
+
+def _fit_links(sets: list[tuple[pl.DataFrame, str | None]], *, time: str = "xfer_s",
+               nbytes: str = "bytes") -> list[LinkFit | None]:  # fmt: skip
+    """``fit_link`` of each (reads, descriptors column) at once: one IRLS loop for all."""
+    prepared = [_prepare(frame, time, nbytes, descriptors) for frame, descriptors in sets]
+    ready = [p for p in prepared if p is not None]
+    coefs = dict(zip(map(id, ready), _irls(ready), strict=True))
+    solved = [p for p in ready if coefs[id(p)] is not None]
+    errors = pl.collect_all([
+        p.work.lazy().select(((_fitted(p.names, coefs[id(p)]) - pl.col("y")).abs() / pl.col("y")).median())
+        for p in solved
+    ], engine="in-memory")  # fmt: skip
+    medians = {id(p): e.item() * 100 for p, e in zip(solved, errors, strict=True)}
+    fits: list[LinkFit | None] = []
+    for p in prepared:
+        coef = coefs.get(id(p)) if p is not None else None
+        if p is None or coef is None:
+            fits.append(None)
+            continue
+        per_byte = coef[1] / p.scales[p.x_names[0]]
+        per_descriptor = coef[2] / p.scales[p.x_names[1]] if len(p.x_names) == 2 else None
+        fits.append(LinkFit(
+            transfers=p.work.height,
+            fixed_s=coef[0],
+            bandwidth_bytes_per_s=1.0 / per_byte if per_byte > 0 and math.isfinite(per_byte) else None,
+            per_descriptor_s=per_descriptor if per_descriptor is not None and per_descriptor > 0 else None,
+            median_abs_error_pct=round(medians[id(p)], 3),
+            note=p.note,
+        ))  # fmt: skip
+    return fits
+
+
+def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
+             descriptors: str | None = "descriptors") -> LinkFit | None:
+    """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
+
+    None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
+    """
+    return _fit_links([(frame, descriptors)], time=time, nbytes=nbytes)[0]
 
 
 def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None = None,
@@ -190,6 +305,9 @@ FROM nixl_transfer_ranks WHERE xfer_us > 0
 # of n reads keeps about OVERSAMPLE × MAX_FIT_READS of them below its threshold.
 _OVERSAMPLE = 3
 _HASH_SPACE = 1 << 64
+# Reads below the highest threshold may be this many times those below each one's own before
+# the scan joins the reads with the thresholds to keep only the latter.
+_ALIKE = 1.25
 
 
 def _in_scope(scope: str) -> pl.Expr:
@@ -217,7 +335,9 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     A group's sample is its ``MAX_FIT_READS`` reads of lowest hash. Every read of a group
     below the group's threshold is kept (its coarsest group's threshold is the lowest), so
     the reads kept hold each group's sample whenever enough of them fall below it; the
-    caller checks that, group by group. Nothing of the millions of reads is sorted.
+    caller checks that, group by group, after cutting each group at its own threshold (some
+    reads above it may be kept: where the thresholds are alike, all below the highest).
+    Nothing of the millions of reads is sorted.
     """
     keys = list(_GROUPS["rank"])
     # two scans of the store's reads rather than one copy of them read twice: DuckDB reads
@@ -233,15 +353,27 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     for scope, group_keys in _GROUPS.items():
         sizes = finest.filter(_in_scope(scope))
         size = pl.col("n").sum().over(list(group_keys)) if group_keys else pl.col("n").sum()
-        thresholds.append(sizes.select(*keys, (limit / size).clip(upper_bound=1.0).alias("share")))
-    shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max())
+        thresholds.append(sizes.select(*keys, "n", (limit / size).clip(upper_bound=1.0).alias("share")))
+    shares = pl.concat(thresholds).group_by(keys).agg(pl.col("share").max(), pl.col("n").first())
     cut = shares.select(*keys, _hash_below(pl.col("share")).alias("below"))
+    # no read at or above every group's threshold is kept: cut those in the scan
+    below_all = None if cut["below"].null_count() else cut["below"].max()
+    if below_all is not None and (
+        shares["n"].sum() * shares["share"].max() <= _ALIKE * (shares["n"] * shares["share"]).sum()
+    ):
+        # the thresholds alike (the groups of a scope are of a size): the reads below the highest
+        # are few more than those below each one's own, and no join of the reads with the
+        # thresholds is worth its cost; the caller cuts each group at its own threshold anyway
+        plain = con.sql(f"SELECT * FROM ({reads_sql}) WHERE h < ?", params=[below_all])
+        return finest, pl.from_arrow(plain.to_arrow_table())
     con.register("_fit_cut", cut.to_arrow())
     try:
         kept = pl.from_arrow(con.sql(
             f"SELECT r.* FROM ({reads_sql}) r JOIN _fit_cut c ON "
             + " AND ".join(f"r.{k} IS NOT DISTINCT FROM c.{k}" for k in keys)
-            + " WHERE c.below IS NULL OR r.h < c.below"
+            + " WHERE (c.below IS NULL OR r.h < c.below)"
+            + ("" if below_all is None else " AND r.h < ?"),
+            params=[] if below_all is None else [below_all],
         ).to_arrow_table())  # fmt: skip
     finally:
         con.unregister("_fit_cut")
@@ -262,11 +394,14 @@ def _bench_points(con) -> pl.DataFrame:
 def _bench_fits(con) -> list[dict]:
     """A fit per link from its nixlbench points (scope and source 'nixlbench')."""
     points = _bench_points(con)
+    groups = [
+        (link, group)
+        for (link,), group in (points.partition_by(["link"], as_dict=True).items() if points.height else [])
+        if group.height >= MIN_TRANSFERS
+    ]
+    fits = _fit_links([(group, "descriptors") for _, group in groups])
     rows = []
-    for (link,), group in points.partition_by(["link"], as_dict=True).items() if points.height else []:
-        if group.height < MIN_TRANSFERS:
-            continue
-        fit = fit_link(group, descriptors="descriptors")
+    for (link, group), fit in zip(groups, fits, strict=True):
         if fit is None:
             continue
         rows.append({
@@ -292,10 +427,10 @@ def link_fits_frame(con) -> pl.DataFrame:
     finest, kept, source = *_sampled_reads(con, _TRACE_READS), "trace"
     if finest.height == 0:
         finest, kept, source = *_sampled_reads(con, _RING_READS), "nixl"
-    rows: list[dict] = []
     # a group made of the same finest groups as one fitted before (one pair on one link: its
     # pair, link and fleet fits) holds the same reads, so it has the same sample and fit
-    fitted: dict[frozenset, tuple] = {}
+    samples: dict[frozenset, pl.DataFrame] = {}
+    wanted: list[tuple[str, tuple, tuple, int, frozenset]] = []  # (scope, keys, values, reads, sample)
     finest_keys = list(_GROUPS["rank"])
     for scope, keys in _GROUPS.items():
         if finest.height == 0:
@@ -311,8 +446,8 @@ def link_fits_frame(con) -> pl.DataFrame:
             else sizes.select(pl.col("n").sum())
         )
         chosen = kept.filter(_in_scope(scope))
-        if all(frozenset(m) in fitted for m in members.values()):
-            chosen = chosen.clear()  # every group's fit is known: no reads to split
+        if all(frozenset(m) in samples for m in members.values()):
+            chosen = chosen.clear()  # every group's sample is known: no reads to split
         # each group's reads below its own threshold (as _sampled_reads computes it), cut in one
         # pass before the groups are split: its sample is the lowest of them
         own_share = _OVERSAMPLE * MAX_FIT_READS / pl.col("n")
@@ -330,39 +465,45 @@ def link_fits_frame(con) -> pl.DataFrame:
             if reads_in_group < MIN_TRANSFERS:
                 continue
             same = frozenset(members[values])
-            if same not in fitted:
+            if same not in samples:
                 group = groups.get(values, chosen.clear())
-                fitted[same] = _fit_group(con, source, group, keys, values, reads_in_group)
-            fit, descriptors, group_bytes = fitted[same]
-            if fit is None:
-                continue
-            rows.append({
-                "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
-                "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
-                "fixed_s": fit.fixed_s,
-                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
-                "bytes_per_descriptor": group_bytes / descriptors if descriptors else None,
-                "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
-            })  # fmt: skip
+                samples[same] = _group_sample(con, source, group, keys, values, reads_in_group)
+            wanted.append((scope, keys, values, reads_in_group, same))
+    # every sample fitted at once: one IRLS loop for all of them
+    sets = [(sample, _descriptors_column(sample)) for sample in samples.values()]
+    fits = dict(zip(samples, _fit_links(sets), strict=True))
+    rows: list[dict] = []
+    for scope, keys, values, reads_in_group, same in wanted:
+        fit, sample = fits[same], samples[same]
+        if fit is None:
+            continue
+        descriptors = sample["descriptors"].sum() if _descriptors_column(sample) else None
+        rows.append({
+            "scope": scope, **dict.fromkeys(_GROUPS["rank"]), **dict(zip(keys, values, strict=True)),
+            "source": source, "reads": reads_in_group, "transfers_used": fit.transfers,
+            "fixed_s": fit.fixed_s,
+            "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "per_descriptor_s": fit.per_descriptor_s,
+            "bytes_per_descriptor": sample["bytes"].sum() / descriptors if descriptors else None,
+            "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
+        })  # fmt: skip
     rows += _bench_fits(con)
     return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
 
 
-def _fit_group(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,
-               reads_in_group: int) -> tuple[LinkFit | None, int | None, int]:  # fmt: skip
-    """(the fit of one group from its reads below its threshold, its sample's descriptors and bytes)."""
+def _group_sample(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,
+                  reads_in_group: int) -> pl.DataFrame:  # fmt: skip
+    """The sample one group is fitted on, from its reads below its threshold."""
     if reads_in_group > MAX_FIT_READS:
         # too few reads fell below the threshold for a sample: read the whole group
         if group.height < MAX_FIT_READS:
             group = _whole_group(con, source, dict(zip(keys, values, strict=True)))
-        group = group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
-    else:
-        group = group.sort("h", "xfer_s", "bytes", "descriptors")
+        return group.sort("h", "xfer_s", "bytes", "descriptors").head(MAX_FIT_READS)
+    return group.sort("h", "xfer_s", "bytes", "descriptors")
+
+
+def _descriptors_column(sample: pl.DataFrame) -> str | None:
     # a read without a descriptor count would drop out of a fit with the term: leave it out
-    counted = group["descriptors"].null_count() == 0
-    fit = fit_link(group, descriptors="descriptors" if counted else None)
-    descriptors = group["descriptors"].sum() if counted else None
-    return fit, descriptors, group["bytes"].sum()
+    return "descriptors" if sample["descriptors"].null_count() == 0 else None
 
 
 def _whole_group(con, source: str, values: dict) -> pl.DataFrame:
