@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import queue
+import threading
 import zlib
-from collections.abc import Iterator
-from typing import BinaryIO
+from collections.abc import Generator, Iterator
+from typing import BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 # A line longer than this is cut to it in a reject's `raw` column (as every parser cuts it).
 RAW_LIMIT = 512
@@ -165,6 +169,57 @@ def line_chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[tuple[Lines, int
         pending = data[cut + 1 :]
         yield Lines(data[:cut], data.count(b"\n", 0, cut) + 1), cut + 1, pending
     yield Lines(b"", 0), 0, pending
+
+
+def prefetched(items: Iterator[T], ahead: int = 1) -> Generator[T, None, None]:
+    """``items`` in order, each produced on a thread while the one before it is used.
+
+    An object's next chunk is read (a copy of its bytes, its lines counted) while the parser
+    works on this one: the parsers spend their time in polars and DuckDB with the GIL
+    released, so the read overlaps them instead of taking its turn. At most ``ahead`` items
+    wait, so memory stays bounded by chunks. An error producing an item is raised here, in
+    its place; closing this generator (``contextlib.closing``) stops the thread and closes
+    ``items`` before the caller goes on, e.g. to close the handle they read.
+    """
+    waiting: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, object]) -> bool:
+        while not stop.is_set():
+            try:
+                waiting.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue  # the consumer is busy: look again whether it stopped
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as exc:  # raised to the consumer, where the item would be
+            put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="hybridtrace-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            produced, value = waiting.get()
+            if produced:
+                yield value  # type: ignore[misc]
+            elif value is None:
+                return
+            else:
+                raise value  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()
 
 
 def decode_lines(lines: Lines, first_line: int) -> tuple[list[str], list[dict]]:

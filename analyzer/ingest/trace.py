@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import TYPE_CHECKING
 
-import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +30,11 @@ from hybridtrace import trace_v1
 from hybridtrace.ingest.limits import LINE_LIMIT
 from hybridtrace.schema import table_schema
 from hybridtrace.trace_v1 import Field, RecordType
+
+if TYPE_CHECKING:
+    # only the careful path uses DuckDB, and its caller opens the connection: a clean trace
+    # (the usual case) never loads it
+    import duckdb
 
 RAW_LIMIT = 512
 

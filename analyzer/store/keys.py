@@ -101,6 +101,40 @@ def existing_keys(store: Store, table: str, data: pa.Table) -> pa.Table | None:
         con.close()
 
 
+def strictly_increasing(column: pa.ChunkedArray) -> bool:
+    """Whether every value of ``column`` is greater than the one before it (no nulls, no NaN)."""
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind)):
+        return False  # no order worth proving here: the hash decides
+    if column.null_count:
+        return False  # NULL keys compare equal: two of them may be one key
+    values = column.combine_chunks()
+    if len(values) < 2:
+        return True
+    # each value against the one before it; NaN compares false, so is not proven distinct
+    return bool(pc.all(pc.greater(values.slice(1), values.slice(0, len(values) - 1))).as_py())
+
+
+def _may_repeat(schema: TableSchema, data: pa.Table) -> bool:
+    """Whether two rows of ``data`` may share their key (False only when proven they do not).
+
+    A trace or a log is read in order, so a batch's time (or line) column mostly increases
+    from row to row; then it holds no value twice, and since that column is part of the key,
+    no key repeats either. One pass over one column proves it, where hashing every key
+    column of every row costs several. Anything else (a tie, a step back, a null) is left to
+    the hash, which is exact.
+    """
+    import polars as pl
+
+    ranged = range_column(schema)
+    if ranged is not None and strictly_increasing(data[ranged]):
+        return False
+    key = list(schema.key)
+    keys = pl.from_arrow(data.select(key), rechunk=False)
+    assert isinstance(keys, pl.DataFrame)
+    return bool(keys.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item())
+
+
 def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
     """Drop rows of ``data`` whose key the store (or an earlier row of ``data``) already holds.
 
@@ -113,11 +147,7 @@ def dedupe(store: Store, table: str, data: pa.Table) -> tuple[pa.Table, int]:
     if not schema.key or data.num_rows == 0:
         return data, 0
     key = list(schema.key)
-    # A cheap hash of the key columns first: most batches have no duplicate at all, and then
-    # the batch is kept as it is, without a copy of its other columns.
-    keys = pl.from_arrow(data.select(key), rechunk=False)
-    assert isinstance(keys, pl.DataFrame)
-    repeated = keys.select(pl.struct(key).hash(seed=7).is_duplicated().any()).item()
+    repeated = _may_repeat(schema, data)
     existing = existing_keys(store, table, data)
     if not repeated and (existing is None or existing.num_rows == 0):
         return data, 0

@@ -34,6 +34,41 @@ __all__ = ["PARQUET_OPTIONS", "BucketRoot", "LeaseHeld", "LocalRoot", "root_of"]
 # groups that cannot hold it (pyarrow's default is one group per million rows).
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1, "row_group_size": 122_880}
 
+# Rows looked at to judge whether a column's values repeat, and the share of them that may
+# be distinct for its pages to be dictionary-encoded.
+DICTIONARY_SAMPLE = 4096
+DICTIONARY_DISTINCT = 1 / 8
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns of ``table`` worth a dictionary: those whose values repeat.
+
+    pyarrow builds a dictionary for every column by default and falls back to plain pages
+    once it grows too large, which for a column of mostly distinct values (a time, a line
+    number, an id) is work thrown away, and a larger file. A sample of the first rows tells
+    them apart: measured on a trace's transfers, a write takes about half the time and the
+    file is smaller. Only the encoding differs: the values read back the same.
+    """
+    import pyarrow.compute as pc
+
+    sample = table.slice(0, DICTIONARY_SAMPLE)
+    limit = max(1, int(sample.num_rows * DICTIONARY_DISTINCT))
+    chosen = []
+    for field in table.schema:
+        if pa.types.is_nested(field.type):
+            continue  # the store's tables have none; a top-level name would not reach its leaves
+        if pa.types.is_null(field.type):
+            chosen.append(field.name)  # no value at all: nothing to count
+            continue
+        if pc.count_distinct(sample[field.name]).as_py() <= limit:
+            chosen.append(field.name)
+    return chosen
+
+
+def write_parquet_table(table: pa.Table, where: str | pa.NativeFile) -> None:
+    """Write ``table`` with the store's options, dictionaries only where values repeat."""
+    pq.write_table(table, where, use_dictionary=dictionary_columns(table), **PARQUET_OPTIONS)
+
 
 class LocalRoot:
     """A store in a local folder."""
@@ -69,7 +104,7 @@ class LocalRoot:
         path = self.path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(table, tmp, **PARQUET_OPTIONS)
+        write_parquet_table(table, str(tmp))
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -163,7 +198,7 @@ class BucketRoot:
     def write_parquet(self, table: pa.Table, rel: str) -> None:
         # One upload: the object is visible only once complete, so no temporary name.
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **PARQUET_OPTIONS)
+        write_parquet_table(table, sink)
         self.write_bytes(rel, sink.getvalue().to_pybytes())
 
     def list_files(self, rel: str, pattern: str = "part-*.parquet") -> list[str]:
