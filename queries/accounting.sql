@@ -174,11 +174,17 @@ WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
 CREATE OR REPLACE VIEW _excess_reads AS
 SELECT * FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
+-- _mixed_share_model: the requests whose reads make different shares (reads with other TP
+-- sizes), with their byte model: summed read by read.
+CREATE OR REPLACE VIEW _mixed_share_model AS
+SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state
+FROM _sized_requests WHERE NOT shares_agree;
+
 -- _accounting_totals: one row: the sums of transfer_bytes, from each request's reads grouped
 -- once (_sized_requests) rather than from every read joined to its request. The reads of a
 -- request that all make the same share have the same four counts, so each sum is the count of
--- its successful reads times them; a request whose reads make different shares (reads with
--- other TP sizes) is summed per share.
+-- its successful reads times them; a request whose reads make different shares is summed
+-- read by read.
 --
 -- Columns:
 --   reads, reads_ok                     reads accounted (sized engine, request record), successful ones
@@ -193,15 +199,10 @@ WITH per_share AS (
     SELECT reads, reads_ok, transported_bytes, logical, expected, reserved
     FROM _sized_requests WHERE shares_agree
     UNION ALL
-    -- a request whose reads make different shares: per share
-    SELECT count(*), count(*) FILTER (WHERE t.status = 'ok'), sum(t.transported_bytes) FILTER (WHERE t.status = 'ok'),
-           any_value(q.b * q.tokens // t.share + q.s * q.state_blocks // t.share),
-           any_value(_expected_attention_bytes(q.b, q.block, q.tokens, t.share) + q.s * q.state_blocks // t.share),
-           any_value(_expected_attention_bytes(q.b, q.block, q.tokens, t.share)
-                     + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, t.share))
-    FROM (SELECT *, _share(tp_size, remote_tp_size) AS share FROM transfers) t
-    JOIN (SELECT * FROM _sized_requests WHERE NOT shares_agree) q USING (engine_id, request_id)
-    GROUP BY t.engine_id, t.request_id, t.share
+    -- a request whose reads make different shares: read by read
+    SELECT 1, CAST(status = 'ok' AS INTEGER), CASE WHEN status = 'ok' THEN transported_bytes END,
+           logical_bytes, expected_bytes, reserved_bytes
+    FROM _sized_reads('_mixed_share_model')
 ),
 sized AS (
     -- no successful read: no sum (null, as a sum over no read is)

@@ -85,22 +85,16 @@ def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED
     afterwards (``view_swap``): the connection stays as it was, and a later call with other
     thresholds recomputes. Nested calls reuse what the outer one computed.
     """
-    snapshots: list[str] = []
-    with ExitStack() as stack:
-        try:
-            sqls = view_sqls(con, list(names))
-            for name in names:
-                sql = sqls.get(name)
-                if sql is None or f"_snapshot_{name}" in sql:
-                    continue  # no such view, or an enclosing call holds it already
-                con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
-                snapshots.append(name)
-                stack.enter_context(swapped_views(con, {name: f"SELECT * FROM _snapshot_{name}"}))
-            yield
-        finally:
-            stack.close()
-            for name in snapshots:
-                con.execute(f"DROP TABLE IF EXISTS _snapshot_{name}")
+    with ExitStack() as stack:  # undone last to first: each view back, then its snapshot dropped
+        sqls = view_sqls(con, list(names))
+        for name in names:
+            sql = sqls.get(name)
+            if sql is None or f"_snapshot_{name}" in sql:
+                continue  # no such view, or an enclosing call holds it already
+            stack.callback(con.execute, f"DROP TABLE IF EXISTS _snapshot_{name}")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
+            stack.enter_context(swapped_views(con, {name: f"SELECT * FROM _snapshot_{name}"}))
+        yield
 
 
 class Analysis:

@@ -360,33 +360,35 @@ class IncrementalRun:
         if self.full:
             con.execute("CREATE OR REPLACE TEMP TABLE _run_counts AS SELECT * FROM _scope_counts")
         else:
-            # the rollups of the scope's ids that counted until now: the newest of each id's
-            # since the last full run (as _merged_requests reads the others); a short list of
-            # ids is spelled out, so that the scan filters the stored rows as it reads them
+            # the rollups and findings of the scope's ids that counted until now: the newest of
+            # each id's since the last full run (as _merged_requests reads the others), those no
+            # later marker of the id outdates; a short list of ids is spelled out, so that the
+            # scans filter the stored rows as they read them
             scoped = _in_scope(con, "request_id")
-            replaced = f"""(
-                SELECT x.* FROM (SELECT * FROM analysis_requests WHERE {scoped}) x
-                LEFT JOIN (SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
-                           WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped}
-                           GROUP BY request_id) m ON m.request_id = x.request_id
-                WHERE x.seq >= {full_seq} AND x.engine_id IS NOT NULL
-                  AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
-            # the same for the findings of those ids
-            replaced_findings = f"""(
-                SELECT x.* FROM (SELECT * FROM analysis_findings WHERE {scoped}) x
-                LEFT JOIN (SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
-                           WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped}
-                           GROUP BY request_id) m ON m.request_id = x.request_id
-                WHERE x.seq >= {full_seq} AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+            con.execute(
+                f"""
+                CREATE OR REPLACE TEMP TABLE _scope_markers AS
+                SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
+                WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped} GROUP BY request_id
+                """
+            )
+
+            def replaced(table: str, rows: str = "true") -> str:
+                return f"""(
+                    SELECT x.* FROM (SELECT * FROM {table} WHERE {scoped}) x
+                    LEFT JOIN _scope_markers m ON m.request_id = x.request_id
+                    WHERE x.seq >= {full_seq} AND {rows}
+                      AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+
             con.execute(
                 f"""
                 CREATE OR REPLACE TEMP TABLE _run_counts AS
                 SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
                     SELECT * FROM _scope_counts
                     UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_COUNTS.format(rollups=replaced)})
+                    FROM ({_COUNTS.format(rollups=replaced("analysis_requests", "x.engine_id IS NOT NULL"))})
                     UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_FINDING_COUNTS.format(findings=replaced_findings)})
+                    FROM ({_FINDING_COUNTS.format(findings=replaced("analysis_findings"))})
                 ) GROUP BY ALL HAVING sum(value) <> 0
                 """
             )
