@@ -43,6 +43,7 @@ CREATE OR REPLACE MACRO _reserved_state_bytes(padded_state, s, state_blocks, sha
 --   b, s, block                        bytes per token, state bytes, block tokens (per rank)
 --   padded_state                       one state block as the allocator pages it, all layers
 --   padding_layer_state                the padding layers' pages of one state block
+--   request_status                     the request record's status
 CREATE OR REPLACE VIEW _request_model AS
 SELECT
     r.engine_id, r.request_id,
@@ -52,7 +53,8 @@ SELECT
     m.state_bytes AS s,
     m.block_tokens AS block,
     m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
-    m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state
+    m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state,
+    r.status AS request_status
 FROM requests r
 JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
 
@@ -141,7 +143,8 @@ CREATE OR REPLACE VIEW transfer_bytes AS SELECT * FROM _sized_reads('_request_mo
 -- Columns:
 --   engine_id, request_id                      the request
 --   tokens, state_blocks, b, s, block,
---   padded_state, padding_layer_state          its byte model, as _request_model has it
+--   padded_state, padding_layer_state,
+--   request_status                             its byte model and record status, as _request_model has them
 --   share, shares_agree                        reads per decode rank, and whether every read makes it
 --   reads, reads_ok                            its reads, the successful ones
 --   transported_bytes, max_ok_bytes            bytes of its successful reads, summed and the largest
@@ -163,7 +166,7 @@ JOIN _request_model q USING (engine_id, request_id);
 -- model: the largest successful read exceeds one read's expected bytes by more than the
 -- excess_min_bytes threshold, or the reads make different shares (sized read by read).
 CREATE OR REPLACE VIEW _excess_request_model AS
-SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state
+SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state, request_status
 FROM _sized_requests
 WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
 

@@ -84,10 +84,13 @@ GROUP BY ALL;
 -- reads). A failed request's token counts do not say what its reads carried, so its reads
 -- are not judged.
 CREATE OR REPLACE VIEW _beyond_reserved AS
-SELECT engine_id, request_id, rank, remote_engine_id, remote_rank, ts
+SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, reserved_bytes,
+       padding_layers_bytes
 FROM _excess_reads
-WHERE (engine_id, request_id) IN (SELECT (engine_id, request_id) FROM requests WHERE status = 'ok')
-  AND transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min_bytes')
+-- the requests that can hold such a read, with their record's status
+SEMI JOIN (SELECT engine_id, request_id FROM _excess_request_model WHERE request_status = 'ok')
+    USING (engine_id, request_id)
+WHERE transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min_bytes')
   AND coalesce(state_transported_bytes, transported_bytes - expected_attention_bytes)
       < _t('unsharded_factor') * expected_state_bytes
   AND coalesce(staging_bytes, 0) = 0;
@@ -121,31 +124,30 @@ SELECT
         coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes) + sum(t.padding_layers_bytes), false)) AS VARCHAR)
         AS evidence
 FROM (
-    -- the staged reads first, so only they are sized (reserved bytes as transfer_bytes has them)
-    SELECT t.*,
+    -- the staged reads, sized here (the reserved bytes as transfer_bytes has them); the reads
+    -- are picked by engine before the pairs are joined: an outer join of every read with the
+    -- (usually empty) pairs costs more than the whole rule
+    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, h.host_engines,
            _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
            + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
                AS reserved_bytes,
            coalesce(q.padding_layer_state, 0) * q.state_blocks // _share(t.tp_size, t.remote_tp_size)
                AS padding_layers_bytes
     FROM (
-        -- the reads are picked by engine before the pairs are joined: an outer join of
-        -- every read with the (usually empty) pairs costs more than the whole rule
-        SELECT t.*, h.host_engines
-        FROM (
-            SELECT * FROM transfers
-            WHERE staging_bytes > 0
-               OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-               OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-            UNION ALL BY NAME
-            SELECT * FROM transfers
-            SEMI JOIN _beyond_reserved USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
-            WHERE NOT (coalesce(engine_id IN (SELECT engine_id FROM _host_buffer_engines), false)
-                       OR coalesce(remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines), false))
-        ) t
-        LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+        SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
+        FROM transfers
+        WHERE staging_bytes > 0
+           OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
+           OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
     ) t
-    LEFT JOIN _request_model q USING (engine_id, request_id)
+    LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    -- the byte model of each request with reads, as the analysis holds it once
+    LEFT JOIN _sized_requests q USING (engine_id, request_id)
+    UNION ALL BY NAME
+    -- the reads beyond every reserved page, sized once already (_excess_reads)
+    SELECT * FROM _beyond_reserved
+    WHERE NOT (coalesce(engine_id IN (SELECT engine_id FROM _host_buffer_engines), false)
+               OR coalesce(remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines), false))
 ) t
 GROUP BY t.engine_id, t.request_id;
 

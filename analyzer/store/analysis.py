@@ -56,20 +56,48 @@ def analysis_connection(
     store: Store, *, thresholds: dict[str, float] | None = None, views: bool = True
 ) -> duckdb.DuckDBPyConnection:
     """Raw views, ``engine_models`` and (with ``views``) thresholds, ``queries/``, link fits on ``store``."""
+    if not views:
+        return _base(store, False, None)
+    from hybridtrace.analyze.link_fit import refresh_link_fits
+    from hybridtrace.queries_loader import install_views, sql_modules
+    from hybridtrace.store.catalog import CatalogConnection, base_objects
+
+    # the views of queries/ come bound already from the template when the store's base
+    # objects are the ones they were bound over (catalog.py); else they are installed here
+    opened = CatalogConnection()
+    if opened.from_template:
+        query_names = opened.query_names()
+        opened.clear_base()
+        con = _base(store, thresholds, opened.con)
+        if not opened.views_hold(query_names):
+            con = _base(store, thresholds, None)
+            install_views(con)
+    else:
+        con = _base(store, thresholds, opened.con)
+        base = base_objects(con)
+        install_views(con)
+        defined = {name for module in sql_modules() for name in module.defines}
+        if not defined & {row[0] for row in base}:  # a view of queries/ never stands in for a base one
+            opened.save_template(base)
+    refresh_link_fits(con)
+    return con
+
+
+def _base(
+    store: Store, thresholds: dict[str, float] | bool | None, con: duckdb.DuckDBPyConnection | None
+) -> duckdb.DuckDBPyConnection:
+    """The objects the views of ``queries/`` read: raw views, ``engine_models``, thresholds
+    (``thresholds`` None: the defaults; False: none)."""
     from hybridtrace.store.engine_models import register_engine_models
     from hybridtrace.store.raw_views import raw_connection
 
-    con = raw_connection(store)
+    con = raw_connection(store, con=con)
     # which store this is, for the incremental analysis' state (analyze/incremental.py)
     con.execute("CREATE TEMP TABLE _analysis_store AS SELECT CAST(? AS VARCHAR) AS location",
                 [store.location])  # fmt: skip
     register_engine_models(con)
-    if views:
-        from hybridtrace.analyze.link_fit import refresh_link_fits
+    if thresholds is not False:
         from hybridtrace.analyze.thresholds import install as install_thresholds
-        from hybridtrace.queries_loader import install_views
 
         install_thresholds(con, thresholds)
-        install_views(con)
-        refresh_link_fits(con)
     return con

@@ -34,18 +34,23 @@ CUT_RECORD = "not valid JSON: last record cut short (no newline after it)"
 
 
 def raw_connection(
-    store: Store, files_of: Mapping[str, list[str]] | None = None
+    store: Store,
+    files_of: Mapping[str, list[str]] | None = None,
+    *,
+    con: duckdb.DuckDBPyConnection | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with one view per table (committed data only).
 
     ``files_of`` gives, for every table, the committed files to read instead of listing the
     store: a part of it (a Spark executor's partition, ``hybridtrace.spark.analysis``),
     listed and checked whole by whoever cut it, so it is not checked against the manifest.
+    ``con`` is a connection to make the views in instead (``catalog.py``'s own file).
     """
     import duckdb  # here: ingest reads the store without DuckDB when nothing changed
 
     store.check_version()
-    con = duckdb.connect(":memory:")
+    if con is None:
+        con = duckdb.connect(":memory:")
     # every part file is written once under a name of its own and never changed: the footers
     # an analysis reads again and again (each scan, each view bound) can be kept
     con.execute("SET parquet_metadata_cache = true")

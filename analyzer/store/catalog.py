@@ -1,0 +1,211 @@
+"""Each analysis connection's own DuckDB database, started from a catalog bound before.
+
+Creating the views and macros of ``queries/`` binds each view, and a view is bound with
+every view it reads: some ninety statements that take most of a second, paid by every
+process that opens a store for analysis (``query``, ``analyze``, the scheduled job). A
+database file keeps its views as they were bound. So the first analysis connection of a
+version of hybridtrace and DuckDB saves its catalog as a *template*, and each later one
+copies the template (under a megabyte) into a file of its own and opens that: its store's
+raw views, engine models and thresholds are created in it as before, and the views of
+``queries/`` are there already.
+
+The template's views were bound over another store's raw views. They hold for this store
+when its base objects (everything the connection makes before the views of ``queries/``)
+have the same names, columns and types; the template records them (``_catalog_base``) and
+the connection compares. Where they differ (a store an older version wrote, say), the
+views are installed as before, in memory.
+
+The files live in a directory of the user's own (mode 0700, under /dev/shm where there is
+one): a connection's file is removed when the connection is collected or the process
+exits, and files of processes that are gone are removed by the next one. Where there is
+no such directory, connections are in memory, as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import itertools
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import duckdb
+
+BASE_TABLE = "_catalog_base"
+# every object a connection holds, with its columns: views and tables, main and temp
+_OBJECTS = f"""
+SELECT table_name AS name, column_index, column_name, data_type
+FROM duckdb_columns() WHERE NOT internal AND table_name <> '{BASE_TABLE}'
+"""
+_SEQUENCE = itertools.count()
+_OPEN: dict[str, Path] = {}  # files of this process' connections, removed at exit
+
+
+def _directory() -> Path | None:
+    """The user's own directory for these files, made if need be; None when none can be had."""
+    if not hasattr(os, "getuid"):
+        return None  # no user ids to own a directory by: connections stay in memory
+    shared = Path("/dev/shm")
+    parent = shared if shared.is_dir() and os.access(shared, os.W_OK) else Path(tempfile.gettempdir())
+    where = parent / f"hybridtrace-catalog-{os.getuid()}"
+    try:
+        where.mkdir(mode=0o700, exist_ok=True)
+        info = where.lstat()
+    except OSError:
+        return None
+    # another user's directory, or one others can write to, could hold a catalog of theirs
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    return where
+
+
+def _key() -> str:
+    """What the template's views depend on: DuckDB's version and the SQL of ``queries/``."""
+    import duckdb
+
+    from hybridtrace import __version__
+    from hybridtrace.queries_loader import sql_modules
+
+    digest = hashlib.sha256(f"{duckdb.__version__}|{__version__}".encode())
+    for module in sql_modules():
+        digest.update(f"\0{module.name}\0{module.text}".encode())
+    return digest.hexdigest()[:24]
+
+
+def _remove(path: Path) -> None:
+    _OPEN.pop(str(path), None)
+    for leftover in (path, Path(f"{path}.wal")):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+
+
+@atexit.register
+def _remove_all() -> None:
+    for path in list(_OPEN.values()):
+        _remove(path)
+
+
+def _sweep(where: Path) -> None:
+    """Remove the connection files of processes that are no longer running."""
+    with contextlib.suppress(OSError):
+        for entry in where.iterdir():
+            parts = entry.name.split("-")
+            if parts[0] != "conn" or len(parts) < 2 or not parts[1].isdigit():
+                continue
+            pid = int(parts[1])
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            except OSError:
+                pass  # running, as another user: not ours to judge
+
+
+class CatalogConnection:
+    """A connection on a file of its own, and what its template says (``from_template``)."""
+
+    def __init__(self) -> None:
+        import duckdb
+
+        self.template: Path | None = None
+        self.path: Path | None = None
+        self.from_template = False
+        self.base: list[tuple] = []  # the template's base objects, as _OBJECTS lists them
+        where = _directory()
+        if where is None:
+            self.con = duckdb.connect(":memory:")
+            return
+        _sweep(where)
+        self.template = where / f"catalog-{_key()}.duckdb"
+        self.path = where / f"conn-{os.getpid()}-{next(_SEQUENCE)}-{uuid.uuid4().hex[:8]}.duckdb"
+        if self.template.exists():
+            try:
+                shutil.copyfile(self.template, self.path)
+                self.con = self._open()
+                self.base = self.con.execute(f"SELECT * FROM {BASE_TABLE} ORDER BY ALL").fetchall()
+                self.from_template = True
+                return
+            except (OSError, duckdb.Error):
+                # a template cut short (a full disk) or of another make: start without it
+                with contextlib.suppress(OSError):
+                    self.template.unlink()
+                _remove(self.path)
+        self.con = self._open()
+
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        import duckdb
+
+        assert self.path is not None
+        con = duckdb.connect(str(self.path))
+        _OPEN[str(self.path)] = self.path
+        weakref.finalize(con, _remove, self.path)
+        return con
+
+    def clear_base(self) -> None:
+        """Drop the template's base objects, for the store's own to be made in their place."""
+        names = sorted({row[0] for row in self.base})
+        kinds = dict(self.con.execute(
+            "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+            "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE NOT temporary"
+        ).fetchall())  # fmt: skip
+        for name in names:
+            if name in kinds:
+                self.con.execute(f'DROP {kinds[name]} "{name}"')
+        self.con.execute(f"DROP TABLE {BASE_TABLE}")
+
+    def views_hold(self, query_names: set[str]) -> bool:
+        """Whether the template's views hold here: the base objects made since are the ones
+        they were bound over, column for column and type for type."""
+        rows = self.con.execute(f"SELECT * FROM ({_OBJECTS}) ORDER BY ALL").fetchall()
+        return [row for row in rows if row[0] not in query_names] == self.base
+
+    def query_names(self) -> set[str]:
+        """The names of the template's views, macros and tables that are not base objects."""
+        base = {row[0] for row in self.base}
+        rows = self.con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+            "UNION ALL SELECT table_name FROM duckdb_tables() WHERE NOT temporary"
+        ).fetchall()
+        return {row[0] for row in rows} - base - {BASE_TABLE}
+
+    def save_template(self, base: list[tuple]) -> None:
+        """Save this connection's catalog as the template, with ``base`` as its base objects.
+
+        Written to a file of its own first and renamed into place, so a reader finds the
+        old template or the new one whole. A failure leaves no template: nothing is lost.
+        """
+        if self.template is None or self.path is None:
+            return
+        import duckdb
+
+        partial = self.template.with_name(f"partial-{os.getpid()}-{uuid.uuid4().hex[:8]}.duckdb")
+        try:
+            self.con.execute(
+                f"CREATE TABLE {BASE_TABLE} (name VARCHAR, column_index INTEGER, column_name VARCHAR, "
+                "data_type VARCHAR)"
+            )
+            self.con.executemany(f"INSERT INTO {BASE_TABLE} VALUES (?, ?, ?, ?)", base)
+            self.con.execute("CHECKPOINT")
+            shutil.copyfile(self.path, partial)
+            os.replace(partial, self.template)
+        except (OSError, duckdb.Error):
+            with contextlib.suppress(OSError):
+                partial.unlink()
+        finally:
+            self.con.execute(f"DROP TABLE IF EXISTS {BASE_TABLE}")
+
+
+def base_objects(con: duckdb.DuckDBPyConnection) -> list[tuple]:
+    """Every object of ``con`` with its columns, sorted: before the views of ``queries/``, the base."""
+    return con.execute(f"SELECT * FROM ({_OBJECTS}) ORDER BY ALL").fetchall()

@@ -1,0 +1,107 @@
+"""The analysis connection's own database, started from a catalog bound before (``store/catalog.py``)."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+
+from hybridtrace.analyze import analyze
+from hybridtrace.store import catalog, open_analysis
+from hybridtrace.store.analysis import _base
+from hybridtrace.store.commit import Store
+
+
+@pytest.fixture
+def where(tmp_path, monkeypatch) -> Path:
+    """A directory of this test's own for the template and the connections' files."""
+    folder = tmp_path / "catalog"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(catalog, "_directory", lambda: folder)
+    return folder
+
+
+def _templates(folder: Path) -> list[Path]:
+    return sorted(folder.glob("catalog-*.duckdb"))
+
+
+def _rows(con) -> list[tuple]:
+    result = analyze(con)
+    return sorted((tuple(r.values()) for r in result.findings), key=repr)
+
+
+def test_a_connection_from_the_template_analyses_as_one_that_installed_the_views(where, demo_store):
+    first = open_analysis(demo_store)
+    assert len(_templates(where)) == 1, "the first connection saves its catalog"
+    assert catalog.CatalogConnection().from_template
+    second = open_analysis(demo_store)
+    assert _rows(second) == _rows(first)
+    # and as a connection in memory, with every view installed by hand
+    catalog_dir = catalog._directory
+    try:
+        catalog._directory = lambda: None
+        in_memory = open_analysis(demo_store)
+    finally:
+        catalog._directory = catalog_dir
+    assert _rows(in_memory) == _rows(second)
+    names = "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1"
+    assert second.execute(names).fetchall() == in_memory.execute(names).fetchall()
+    tables = "SELECT table_name FROM duckdb_tables() ORDER BY 1"
+    assert second.execute(tables).fetchall() == in_memory.execute(tables).fetchall()
+
+
+def test_base_objects_of_another_shape_keep_the_template_views_out(where, demo_store):
+    open_analysis(demo_store)
+    opened = catalog.CatalogConnection()
+    names = opened.query_names()
+    opened.clear_base()
+    con = _base(Store(demo_store), None, opened.con)
+    assert opened.views_hold(names)
+    # a raw view whose column has another type (as an older store's files may have it)
+    con.execute("CREATE OR REPLACE VIEW transfers AS SELECT * REPLACE (CAST(rank AS BIGINT) AS rank) "
+                "FROM (SELECT * FROM transfers LIMIT 0)")  # fmt: skip
+    assert not opened.views_hold(names)
+
+
+def test_a_template_that_cannot_be_read_is_set_aside(where, demo_store):
+    expected = _rows(open_analysis(demo_store))
+    [template] = _templates(where)
+    template.write_bytes(template.read_bytes()[:4096])  # cut short, as a full disk leaves it
+    assert _rows(open_analysis(demo_store)) == expected
+    assert len(_templates(where)) == 1, "a sound template is saved again"
+
+
+def test_each_connection_file_goes_with_its_connection(where, demo_store):
+    con = open_analysis(demo_store)
+    assert list(where.glob("conn-*"))
+    del con
+    gc.collect()
+    assert not list(where.glob("conn-*"))
+
+
+def test_files_of_processes_that_are_gone_are_removed(where):
+    gone = where / "conn-999999999-0-deadbeef.duckdb"
+    gone.write_bytes(b"")
+    ours = where / f"conn-{os.getpid()}-0-cafe.duckdb"
+    ours.write_bytes(b"")
+    catalog._sweep(where)
+    assert not gone.exists() and ours.exists()
+
+
+def test_a_directory_others_can_write_to_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(catalog.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(catalog, "Path", _no_shm(catalog.Path))
+    folder = tmp_path / f"hybridtrace-catalog-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    assert catalog._directory() == folder
+    folder.chmod(0o777)
+    assert catalog._directory() is None
+
+
+def _no_shm(real: type[Path]):
+    def make(*parts):
+        return real("/nonexistent-shm") if parts == ("/dev/shm",) else real(*parts)
+
+    return make
