@@ -219,10 +219,10 @@ SELECT engine_id, 'failed' AS event, count(*) AS named
 FROM (
     SELECT engine_id FROM transfers WHERE status = 'failed'
     UNION ALL
-    SELECT r.engine_id FROM requests r
-    WHERE r.status = 'failed'
-      AND NOT EXISTS (SELECT 1 FROM transfers t
-                      WHERE t.engine_id = r.engine_id AND t.request_id = r.request_id AND t.status = 'failed')
+    -- both sides filtered before the anti join: a correlated NOT EXISTS costs twice as much
+    SELECT engine_id
+    FROM (SELECT engine_id, request_id FROM requests WHERE status = 'failed')
+    ANTI JOIN (SELECT engine_id, request_id FROM transfers WHERE status = 'failed') USING (engine_id, request_id)
 )
 GROUP BY engine_id
 UNION ALL
