@@ -105,3 +105,15 @@ def _no_shm(real: type[Path]):
         return real("/nonexistent-shm") if parts == ("/dev/shm",) else real(*parts)
 
     return make
+
+
+def test_templates_no_connection_used_for_a_week_go_when_another_is_saved(where, demo_store):
+    stale = where / "catalog-0000.duckdb"
+    recent = where / "catalog-1111.duckdb"
+    stale.write_bytes(b"")
+    recent.write_bytes(b"")
+    week_ago = os.path.getmtime(stale) - 8 * 86400
+    os.utime(stale, (week_ago, week_ago))
+    open_analysis(demo_store)
+    assert not stale.exists() and recent.exists()
+    assert len(_templates(where)) == 2

@@ -17,8 +17,9 @@ views are installed as before, in memory.
 
 The files live in a directory of the user's own (mode 0700, under /dev/shm where there is
 one): a connection's file is removed when the connection is collected or the process
-exits, and files of processes that are gone are removed by the next one. Where there is
-no such directory, connections are in memory, as before.
+exits, files of processes that are gone are removed by the next one, and a template no
+connection used for a week goes when another is saved. Where there is no such
+directory, connections are in memory, as before.
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ def _sweep(where: Path) -> None:
                 pass  # running, as another user: not ours to judge
 
 
+def _prune(kept: Path, unused_s: float = 7 * 86400) -> None:
+    """Remove the templates of other versions that no connection used for ``unused_s``."""
+    import time
+
+    with contextlib.suppress(OSError):
+        for entry in kept.parent.glob("catalog-*.duckdb"):
+            if entry != kept and time.time() - entry.stat().st_mtime > unused_s:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
 class CatalogConnection:
     """A connection on a file of its own, and what its template says (``from_template``)."""
 
@@ -132,6 +144,7 @@ class CatalogConnection:
         if self.template.exists():
             try:
                 shutil.copyfile(self.template, self.path)
+                os.utime(self.template)  # in use: see _prune
                 self.con = self._open()
                 self.base = self.con.execute(f"SELECT * FROM {BASE_TABLE} ORDER BY ALL").fetchall()
                 self.from_template = True
@@ -199,6 +212,7 @@ class CatalogConnection:
             self.con.execute("CHECKPOINT")
             shutil.copyfile(self.path, partial)
             os.replace(partial, self.template)
+            _prune(self.template)
         except (OSError, duckdb.Error):
             with contextlib.suppress(OSError):
                 partial.unlink()
