@@ -84,10 +84,12 @@ def test_each_connection_file_goes_with_its_connection(where, demo_store):
 def test_files_of_processes_that_are_gone_are_removed(where):
     gone = where / "conn-999999999-0-deadbeef.duckdb"
     gone.write_bytes(b"")
+    half = where / "partial-999999999-feed.duckdb"
+    half.write_bytes(b"")
     ours = where / f"conn-{os.getpid()}-0-cafe.duckdb"
     ours.write_bytes(b"")
     catalog._sweep(where)
-    assert not gone.exists() and ours.exists()
+    assert not gone.exists() and not half.exists() and ours.exists()
 
 
 def test_a_directory_others_can_write_to_is_not_used(tmp_path, monkeypatch):

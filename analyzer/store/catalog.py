@@ -95,11 +95,11 @@ def _remove_all() -> None:
 
 
 def _sweep(where: Path) -> None:
-    """Remove the connection files of processes that are no longer running."""
+    """Remove the connection files (and templates half written) of processes no longer running."""
     with contextlib.suppress(OSError):
         for entry in where.iterdir():
             parts = entry.name.split("-")
-            if parts[0] != "conn" or len(parts) < 2 or not parts[1].isdigit():
+            if parts[0] not in ("conn", "partial") or len(parts) < 2 or not parts[1].isdigit():
                 continue
             pid = int(parts[1])
             if pid == os.getpid():
