@@ -6,9 +6,11 @@ import gc
 import os
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from hybridtrace.analyze import analyze
+from hybridtrace.analyze.rules import FINDING_COLUMNS, RULES
 from hybridtrace.store import catalog, open_analysis
 from hybridtrace.store.analysis import _base
 from hybridtrace.store.commit import Store
@@ -63,6 +65,20 @@ def test_base_objects_of_another_shape_keep_the_template_views_out(where, demo_s
     con.execute("CREATE OR REPLACE VIEW transfers AS SELECT * REPLACE (CAST(rank AS BIGINT) AS rank) "
                 "FROM (SELECT * FROM transfers LIMIT 0)")  # fmt: skip
     assert not opened.views_hold(names)
+
+
+def test_where_the_template_views_do_not_hold_they_are_made_again(where, demo_store, monkeypatch):
+    expected = _rows(open_analysis(demo_store))
+    [template] = _templates(where)
+    # the template's rule views made to find nothing: only views made again find what they should
+    edit = duckdb.connect(str(template))
+    nothing = ", ".join(f"CAST(NULL AS {kind}) AS {column}" for column, kind, _ in FINDING_COLUMNS)
+    for rule in RULES:
+        edit.execute(f"CREATE OR REPLACE VIEW {rule.view} AS SELECT {nothing} WHERE false")
+    edit.close()
+    assert _rows(open_analysis(demo_store)) == [], "the edited template is the one used"
+    monkeypatch.setattr(catalog.CatalogConnection, "views_hold", lambda self, names: False)
+    assert _rows(open_analysis(demo_store)) == expected
 
 
 def test_a_template_that_cannot_be_read_is_set_aside(where, demo_store):

@@ -70,8 +70,7 @@ def analysis_connection(
         opened.clear_base()
         con = _base(store, thresholds, opened.con)
         if not opened.views_hold(query_names):
-            con = _base(store, thresholds, None)
-            install_views(con)
+            install_views(con)  # each made again, bound over this store's base objects
     else:
         con = _base(store, thresholds, opened.con)
         base = base_objects(con)

@@ -13,7 +13,7 @@ The template's views were bound over another store's raw views. They hold for th
 when its base objects (everything the connection makes before the views of ``queries/``)
 have the same names, columns and types; the template records them (``_catalog_base``) and
 the connection compares. Where they differ (a store an older version wrote, say), the
-views are installed as before, in memory.
+views are made again over them, as a connection without a template makes them.
 
 The files live in a directory of the user's own (mode 0700, under /dev/shm where there is
 one): a connection's file is removed when the connection is collected or the process
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
@@ -68,6 +69,7 @@ def _directory() -> Path | None:
     return where
 
 
+@functools.cache
 def _key() -> str:
     """What the template's views depend on: DuckDB's version and the SQL of ``queries/``."""
     import duckdb
@@ -165,32 +167,28 @@ class CatalogConnection:
         weakref.finalize(con, _remove, self.path)
         return con
 
-    def clear_base(self) -> None:
-        """Drop the template's base objects, for the store's own to be made in their place."""
-        names = sorted({row[0] for row in self.base})
-        kinds = dict(self.con.execute(
+    def _stored(self) -> dict[str, str]:
+        """Each view and table the database file holds (not the temporary ones): its kind."""
+        return dict(self.con.execute(
             "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE NOT internal AND NOT temporary "
             "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() WHERE NOT temporary"
         ).fetchall())  # fmt: skip
-        for name in names:
-            if name in kinds:
-                self.con.execute(f'DROP {kinds[name]} "{name}"')
+
+    def clear_base(self) -> None:
+        """Drop the template's base objects, for the store's own to be made in their place."""
+        stored = self._stored()
+        for name in sorted({row[0] for row in self.base} & set(stored)):
+            self.con.execute(f'DROP {stored[name]} "{name}"')
         self.con.execute(f"DROP TABLE {BASE_TABLE}")
 
     def views_hold(self, query_names: set[str]) -> bool:
         """Whether the template's views hold here: the base objects made since are the ones
         they were bound over, column for column and type for type."""
-        rows = self.con.execute(f"SELECT * FROM ({_OBJECTS}) ORDER BY ALL").fetchall()
-        return [row for row in rows if row[0] not in query_names] == self.base
+        return [row for row in base_objects(self.con) if row[0] not in query_names] == self.base
 
     def query_names(self) -> set[str]:
-        """The names of the template's views, macros and tables that are not base objects."""
-        base = {row[0] for row in self.base}
-        rows = self.con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
-            "UNION ALL SELECT table_name FROM duckdb_tables() WHERE NOT temporary"
-        ).fetchall()
-        return {row[0] for row in rows} - base - {BASE_TABLE}
+        """The names of the template's views and tables that are not base objects."""
+        return set(self._stored()) - {row[0] for row in self.base} - {BASE_TABLE}
 
     def save_template(self, base: list[tuple]) -> None:
         """Save this connection's catalog as the template, with ``base`` as its base objects.
