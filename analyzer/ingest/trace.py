@@ -191,8 +191,14 @@ def _schema_for(types: frozenset[str] | None) -> dict[str, pl.DataType]:
     return _TYPE_SCHEMAS[types]
 
 
+_EMPTY: dict[str, pa.Table] = {}
+
+
 def _empty_tables() -> dict[str, pa.Table]:
-    return {table: table_schema(table).arrow_schema().empty_table() for table in _TABLES}
+    """An empty table per table the trace fills (made once: Arrow tables do not change)."""
+    if not _EMPTY:
+        _EMPTY.update((table, table_schema(table).arrow_schema().empty_table()) for table in _TABLES)
+    return dict(_EMPTY)
 
 
 def _has_long_line(block: bytes, limit: int = LINE_LIMIT) -> bool:
@@ -265,11 +271,15 @@ class FastReader:
 
     It reads each chunk with the fields of the record types the chunk before it held, and
     again with every field when the chunk holds another type, so its rows never depend on
-    the guess.
+    the guess. Of those fields, the ones no chunk of the object has given a value yet are
+    read as polars' Null type: the reader then skips building their columns, and it refuses
+    a chunk that has a value for one of them, which is read again with the types' fields
+    typed (a field seen once stays typed for the rest of the object).
     """
 
     def __init__(self) -> None:
         self.types: frozenset[str] | None = None  # the record types of the last clean chunk
+        self.filled: frozenset[str] = frozenset()  # the fields with a value in a clean chunk so far
 
     def parse(
         self, block: bytes, first_line: int, n_lines: int, source_id: str
@@ -277,7 +287,12 @@ class FastReader:
         """Rows per table when every line of ``block`` is a clean record, else None."""
         if len(block) > LINE_LIMIT and _has_long_line(block):
             return None  # a line too long to be a record: the careful path rejects it
-        frame = self._read(block, self.types)
+        frame = None
+        if self.types is not None:
+            # None here: a value in a field read as Null, or a chunk that is not clean
+            frame = self._read(block, self.types, self.filled)
+        if frame is None:
+            frame = self._read(block, self.types)
         if frame is None:
             return None
         counts: dict[str | None, int] = dict(frame["type"].value_counts().iter_rows())
@@ -294,14 +309,29 @@ class FastReader:
         if not all(frame.select([c.all().alias(f"c{i}") for i, c in enumerate(checks)]).row(0)):
             return None
         self.types = known
+        height = frame.height
+        self.filled |= {name for name in frame.columns if frame[name].null_count() < height}
         return _tables(frame, counts, first_line, source_id)
 
     @staticmethod
-    def _read(block: bytes, types: frozenset[str] | None) -> pl.DataFrame | None:
+    def _read(
+        block: bytes, types: frozenset[str] | None, filled: frozenset[str] | None = None
+    ) -> pl.DataFrame | None:
+        """``block`` read with the fields of ``types``; with ``filled``, the others read as Null
+        (and then given their types back, all null, as a read that found no value types them)."""
+        schema = _schema_for(types)
+        nulls: dict[str, pl.DataType] = {}
+        if filled is not None:
+            nulls = {name: dtype for name, dtype in schema.items() if name not in filled}
+            if nulls:
+                schema = {name: pl.Null() if name in nulls else dtype for name, dtype in schema.items()}
         try:
-            return pl.read_ndjson(block, schema=_schema_for(types))
+            frame = pl.read_ndjson(block, schema=schema)
         except Exception:
             return None
+        if nulls:
+            frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
+        return frame
 
 
 def _tables(frame: pl.DataFrame, counts: dict[str | None, int], first_line: int,
