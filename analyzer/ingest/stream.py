@@ -130,14 +130,53 @@ class Lines:
 NO_LINES = Lines(b"", 0)
 
 
+# How much of a chunk's end is read first to find its last newline (``_exact_chunks``).
+_CUT_WINDOW = 1 << 16
+
+
+def _exact_chunks(handle: BinaryIO, chunk_bytes: int) -> Generator[tuple[Lines, int, bytes], None, None]:
+    """The chunks of a plain file while each is whole: its end read first to find the last
+    newline, then its lines read in one system call into the bytes the parser gets.
+
+    A read into a buffer and a copy of its lines out would be two copies, the second made
+    holding the GIL that the parser's thread waits for. Stops, the handle at the first byte
+    not taken, at the chunk the file ends in (or may still be growing in) and at a chunk
+    whose end holds no newline; the caller cuts the rest.
+    """
+    try:
+        fd = handle.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file of the system's (an object in memory)
+    if chunk_bytes <= _CUT_WINDOW:
+        return
+    position = handle.tell()
+    try:
+        while True:
+            window_at = position + chunk_bytes - _CUT_WINDOW
+            window = os.pread(fd, _CUT_WINDOW, window_at)
+            cut = window.rfind(b"\n") if len(window) == _CUT_WINDOW else -1
+            if cut < 0:
+                return
+            end = window_at + cut  # the last newline of the chunk
+            block = os.pread(fd, end - position, position)
+            if len(block) != end - position:
+                return
+            yield Lines(block, count_newlines(block, len(block)) + 1), end + 1 - position, b""
+            position = end + 1
+    finally:
+        handle.seek(position)
+
+
 def _seekable_line_chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[tuple[Lines, int, bytes]]:
     """As line_chunks, for a plain file: seek back over the partial last line instead of
     carrying it, which saves a copy of every chunk.
 
     After a first full chunk, the file is read into one buffer kept for the object: each
     chunk's lines are then the one copy made of it, where a fresh read and its cut would be
-    two, each a new mapping of fresh memory the system must fault in.
+    two, each a new mapping of fresh memory the system must fault in. A file's whole chunks
+    come first from ``_exact_chunks``, with one copy and none made holding the GIL.
     """
+    yield from _exact_chunks(handle, chunk_bytes)
     data: bytes | bytearray = handle.read(chunk_bytes)
     size = len(data)  # of what the last read put in ``data``
     buffer: bytearray | None = None
