@@ -343,7 +343,8 @@ class FastReader:
         if frame.height != n_lines:
             return None  # blank lines: line numbers would not follow rows
         height = frame.height
-        filled = frozenset(name for name in frame.columns if frame[name].null_count() < height)
+        nulls = frame.null_count().row(0)
+        filled = frozenset(name for name, n in zip(frame.columns, nulls, strict=True) if n < height)
         checks = _checks(frame, counts, filled)
         if not all(frame.select([c.all().alias(f"c{i}") for i, c in enumerate(checks)]).row(0)):
             return None
@@ -368,8 +369,19 @@ class FastReader:
         except Exception:
             return None
         if nulls:
-            frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
+            frame = frame.with_columns(_typed_nulls(nulls))
         return frame
+
+
+_TYPED_NULLS: dict[frozenset[str], list[pl.Expr]] = {}
+
+
+def _typed_nulls(nulls: dict[str, pl.DataType]) -> list[pl.Expr]:
+    """Columns of nulls of their types, for fields read as Null (made once per set of fields)."""
+    key = frozenset(nulls)
+    if key not in _TYPED_NULLS:
+        _TYPED_NULLS[key] = [pl.lit(None, dtype).alias(name) for name, dtype in nulls.items()]
+    return _TYPED_NULLS[key]
 
 
 def _tables(frame: pl.DataFrame, counts: dict[str | None, int], first_line: int,
