@@ -234,7 +234,9 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
 
                 scope = SparkScope(config.spark)
             con = open_analysis(config.store, config=config.thresholds_file)
-            data = collect(con, store=config.store, config=config.thresholds_file, scope=scope)
+            # the analysis keeps its state in the store: each run recomputes what its batches touch
+            data = collect(con, store=config.store, config=config.thresholds_file, scope=scope,
+                           incremental=True)  # fmt: skip
             by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
             summary["findings"] = data.counts["findings"]
             summary["by_kind"] = by_kind

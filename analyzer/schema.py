@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 
 import pyarrow as pa
@@ -65,19 +65,25 @@ class TableSchema:
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
 
-    def arrow_schema(self) -> pa.Schema:
+    @cached_property
+    def _arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
+
+    def arrow_schema(self) -> pa.Schema:
+        return self._arrow_schema
 
     def conform(self, table: pa.Table) -> pa.Table:
         """``table`` with exactly this schema's columns, in order and types; absent ones null."""
+        schema = self._arrow_schema
+        present = set(table.column_names)
         arrays = []
-        for column in self.columns:
-            if column.name in table.column_names:
-                array = table[column.name]
-                arrays.append(array if array.type == column.arrow_type else array.cast(column.arrow_type))
+        for field in schema:
+            if field.name in present:
+                array = table.column(field.name)
+                arrays.append(array if array.type == field.type else array.cast(field.type))
             else:
-                arrays.append(pa.nulls(table.num_rows, column.arrow_type))
-        return pa.Table.from_arrays(arrays, schema=self.arrow_schema())
+                arrays.append(pa.nulls(table.num_rows, field.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
 
     def empty_select(self) -> str:
         """SQL for an empty relation with this schema, for a table with no data yet."""

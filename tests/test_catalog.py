@@ -135,3 +135,37 @@ def test_templates_no_connection_used_for_a_week_go_when_another_is_saved(where,
     open_analysis(demo_store)
     assert not stale.exists() and recent.exists()
     assert len(_templates(where)) == 2
+
+
+def _fits(con) -> list[tuple]:
+    return con.execute("SELECT * FROM link_fits ORDER BY ALL").fetchall()
+
+
+def test_link_fits_are_fitted_once_per_state_of_the_data(where, tmp_path, demo_store, monkeypatch):
+    import shutil
+
+    from hybridtrace.analyze import link_fit
+    from hybridtrace.ingest.run import ingest
+    from hybridtrace.simulate import SimOptions, simulate
+
+    store = tmp_path / "store"
+    shutil.copytree(demo_store, store)
+    fitted = _fits(open_analysis(store))
+    assert fitted and len(list(where.glob("linkfits-*.arrow"))) == 1
+    # the same files: the next connection reads the fits back, and they are the same
+    fit = link_fit.link_fits_frame
+    monkeypatch.setattr(link_fit, "link_fits_frame", lambda con: pytest.fail("fitted again"))
+    assert _fits(open_analysis(store)) == fitted
+    # a kept table that cannot be read is fitted again, and kept anew
+    [kept] = where.glob("linkfits-*.arrow")
+    kept.write_bytes(b"not arrow")
+    monkeypatch.setattr(link_fit, "link_fits_frame", fit)
+    assert _fits(open_analysis(store)) == fitted
+    assert kept.read_bytes()[:6] == b"ARROW1"
+    # a batch more: other files, other fits, fitted from all of them
+    simulate(SimOptions(seed=11, duration_s=10), tmp_path / "more")
+    ingest([tmp_path / "more"], store)
+    grown = open_analysis(store)
+    assert _fits(grown) != fitted and len(list(where.glob("linkfits-*.arrow"))) == 2
+    monkeypatch.setattr(catalog, "_directory", lambda: None)  # nothing kept: fitted here
+    assert _fits(open_analysis(store)) == _fits(grown)

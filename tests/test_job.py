@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,41 @@ def test_run_errors_are_one_json_line_and_exit_2(tmp_path):
 
     with pytest.raises(UsageError, match="strict must be true or false"):
         load_job(job)
+
+
+def test_each_run_keeps_the_analysis_state_and_analyzes_only_what_is_new(tmp_path, bundle):
+    # The job analyses as `hybridtrace analyze` does: a run keeps its findings and rollups in
+    # the store, the next one recomputes only what its batches touch; the report it writes
+    # counts what a full analysis of the store finds.
+    from hybridtrace.analyze import analyze
+    from hybridtrace.store import Store
+
+    store = tmp_path / "store"
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for part in ("models", "prefill-0"):
+        shutil.copytree(bundle / part, inputs / part)
+
+    def run() -> dict:
+        report = tmp_path / "s.md"
+        text = f'[inputs]\npaths = ["{inputs}"]\n[store]\npath = "{store}"\n[report]\nmarkdown = "{report}"\n'
+        code, summary = run_job(load_job(_job(tmp_path, text)))
+        assert code in (0, 1) and summary["rows"] >= 0, summary
+        full = analyze(Store(store).connect())
+        assert summary["findings"] == len(full) and summary["by_kind"] == {
+            k: n for k, n in full.summary["findings_by_kind"].items() if n
+        }
+        con = Store(store).connect(with_queries=False)
+        return {"read": summary["objects"]["read"], "findings": summary["findings"]} | dict(zip(
+            ("runs", "full", "requests"), con.sql(
+            "SELECT count(*), bool_or(full_run) FILTER (WHERE seq = (SELECT max(seq) FROM analysis_runs)), "
+            "max_by(requests, seq) FROM analysis_runs").fetchall()[0], strict=True))  # fmt: skip
+
+    first = run()
+    assert first["read"] > 0  # the prefill side alone: no decode reads, no findings yet
+    assert first["runs"] == 1 and first["full"]  # no state yet: everything, and kept
+    assert run()["runs"] == 1  # nothing new: nothing recomputed, nothing written
+    shutil.copytree(bundle / "decode-0", inputs / "decode-0")
+    grown = run()
+    assert grown["read"] > 0 and grown["findings"] > first["findings"]
+    assert grown["runs"] == 2 and not grown["full"] and grown["requests"] > 0

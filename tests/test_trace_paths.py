@@ -173,3 +173,51 @@ def test_a_chunk_with_a_record_type_the_one_before_lacked_is_read_whole(tmp_path
     ingest_run.ingest([tmp_path / "in"], tmp_path / "store")
     con = Store(tmp_path / "store").connect(with_queries=False)
     assert con.sql("SELECT vllm_version, tp_size FROM engines").fetchall() == [("0.11.0", 2)]
+
+
+def test_a_field_the_chunks_before_lacked_is_read_when_it_comes(tmp_path, small_chunks):
+    # Fields no chunk of the object has given a value yet are read as Null; a chunk that gives
+    # one is refused by that read and read again with the field typed, and keeps its values.
+    records = [r for r in transfer_records(40, seed=5) if r["type"] == "transfer"]
+    for r in records:
+        for name in ("groups", "link", "remote_agent_name"):
+            r.pop(name, None)
+    groups = [{"group": 0, "kind": "attention", "blocks": 3, "bytes": 100, "descriptors": 6}]
+    late = {**records[-1], "ts": records[-1]["ts"] + 1, "link": "rdma", "groups": groups}
+    lines = [json.dumps(r) for r in [*records, late]]
+    reader = trace.FastReader()
+    assert reader.parse("\n".join(lines[:5]).encode(), 1, 5, "src") is not None
+    assert "link" not in reader.filled and "groups" not in reader.filled
+    reads = []
+    read = trace.FastReader._read
+
+    def counted(block, types, filled=None):
+        frame = read(block, types, filled)
+        reads.append((filled is not None, frame is not None))
+        return frame
+
+    trace.FastReader._read = staticmethod(counted)
+    try:
+        tables = reader.parse(lines[-1].encode(), 41, 1, "src")
+    finally:
+        trace.FastReader._read = staticmethod(read)
+    assert reads == [(True, False), (False, True)]  # refused as Null, then read typed
+    assert tables is not None and tables["transfers"]["link"].to_pylist() == ["rdma"]
+    assert json.loads(tables["transfers"]["groups"][0].as_py())[0]["bytes"] == 100
+    assert {"link", "groups"} <= reader.filled
+    # the same rows as a reader that never narrowed
+    fresh = trace.FastReader().parse(lines[-1].encode(), 41, 1, "src")
+    assert all(fresh[t].equals(tables[t]) for t in tables)
+    # and a whole object read in small chunks gives the careful path's store
+    folder = tmp_path / "in" / "decode-0"
+    folder.mkdir(parents=True)
+    (folder / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    ingest_run.ingest([tmp_path / "in"], tmp_path / "fast")
+    original = trace.FastReader.parse
+    trace.FastReader.parse = lambda self, *args: None
+    try:
+        ingest_run.ingest([tmp_path / "in"], tmp_path / "careful")
+    finally:
+        trace.FastReader.parse = original
+    fast, careful = _tables(tmp_path / "fast"), _tables(tmp_path / "careful")
+    assert fast["transfers"] and all(fast[t] == careful[t] for t in TABLES)

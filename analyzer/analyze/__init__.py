@@ -209,6 +209,8 @@ def analyze(
 
 def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict:
     """Each query's one value, all in one statement: one round trip and one plan, not one per count."""
+    if not queries:
+        return {}
     columns = ", ".join(f"({sql}) AS c{i}" for i, sql in enumerate(queries.values()))
     return dict(zip(queries, con.sql(f"SELECT {columns}").fetchall()[0], strict=True))
 
@@ -251,8 +253,13 @@ def _analyze(
     )
     # output_mismatch names the other findings of the same handoff: it reads them from the
     # table just made rather than running their rules a second time
+    # a rule that raises findings only of its inputs is not run without any (output_mismatch
+    # without verifications would still join nothing to every finding of the store)
+    later_inputs = _scalars(con, {rule.name: rule.inputs for rule in _LATER_RULES if rule.needs_inputs})
     with swapped_views(con, {"_handoff_findings": f"SELECT kind, engine_id, request_id FROM {every}"}):
         for rule in _LATER_RULES:
+            if later_inputs.get(rule.name) == 0:
+                continue
             con.execute(f"INSERT INTO _findings BY NAME SELECT '{rule.view}' AS rule, {_COLUMNS} "
                         f"FROM {rule.view}")  # fmt: skip
     views += [rule.view for rule in _LATER_RULES]

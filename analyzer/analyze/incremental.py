@@ -108,7 +108,9 @@ def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000) ->
     Parquet scan filters by it as it reads (and skips, by their statistics, the row groups
     that hold none of the ids) instead of reading every row for a join."""
     ids = [i for (i,) in con.execute(f"SELECT request_id FROM _scope_ids LIMIT {limit + 1}").fetchall()]
-    if not ids or len(ids) > limit:
+    if not ids:
+        return "false"  # no id in scope (nothing new): no join of every row with an empty list
+    if len(ids) > limit:
         return f"{column} IN (SELECT request_id FROM _scope_ids)"
     return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
 
@@ -432,7 +434,9 @@ class IncrementalRun:
             con.execute(_SCOPE_DAYS)
             con.execute(_SCOPE_ROLLUPS)
         if windows:
-            con.execute(_SCOPE_WINDOWS)
+            # no window in scope: the table empty, without a scan of the reads for none
+            none = not _scalar(con, "SELECT count(*) FROM _scope_windows")
+            con.execute(_SCOPE_WINDOWS + (" LIMIT 0" if none else ""))
 
     # --- the analysis on the merged state ---------------------------------------------
 

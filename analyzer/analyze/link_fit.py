@@ -12,16 +12,21 @@ the two costs cannot be told apart: the fit then leaves the descriptor term out 
 ``fit_link`` fits one set of reads (``model --link-from`` through ``fit_from_store``);
 ``link_fits_frame`` fits every group the analysis uses — per decode rank of an engine pair
 and route, per pair, per named route and fleet-wide — and ``refresh_link_fits`` keeps them
-in the table behind the ``link_fits`` view (``queries/link_fit.sql``), filled once when the
-store is opened for analysis (``store/analysis.py``).
+in the table behind the ``link_fits`` view (``queries/link_fit.sql``), filled when the
+store is opened for analysis (``store/analysis.py``): fitted once per state of the data, and
+read back by later connections on the same files (``stored_link_fits``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import polars as pl
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ITERATIONS = 50
 MIN_TRANSFERS = 8
@@ -234,8 +239,13 @@ def _fit_links(sets: list[tuple[pl.DataFrame, str | None]], *, time: str = "xfer
     return fits
 
 
-def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
-             descriptors: str | None = "descriptors") -> LinkFit | None:
+def fit_link(
+    frame: pl.DataFrame,
+    *,
+    time: str = "xfer_s",
+    nbytes: str = "bytes",
+    descriptors: str | None = "descriptors",
+) -> LinkFit | None:
     """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
 
     None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
@@ -243,8 +253,9 @@ def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes"
     return _fit_links([(frame, descriptors)], time=time, nbytes=nbytes)[0]
 
 
-def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None = None,
-                   link: str | None = None) -> tuple[LinkFit | None, str]:
+def fit_from_store(
+    con, *, pair: tuple[str, str] | None = None, rank: int | None = None, link: str | None = None
+) -> tuple[LinkFit | None, str]:
     """The link fitted from a store's successful reads, and where they came from.
 
     The connector trace's reads (with descriptors) when the store has them, else NIXL's
@@ -261,14 +272,17 @@ def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None
     if link is not None:
         where.append("link = ?")
         params.append(link)
-    query = ("SELECT xfer_s, transported_bytes AS bytes, descriptors FROM transfers WHERE "
-             + " AND ".join(where))
+    query = "SELECT xfer_s, transported_bytes AS bytes, descriptors FROM transfers WHERE " + " AND ".join(
+        where
+    )
     frame = pl.from_arrow(con.sql(query, params=params).to_arrow_table())
     if frame.height or pair is not None or rank is not None or link is not None:
         return fit_link(frame), f"{frame.height} trace reads"
-    frame = pl.from_arrow(con.sql(
-        "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
-    ).to_arrow_table())
+    frame = pl.from_arrow(
+        con.sql(
+            "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
+        ).to_arrow_table()
+    )
     return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
 
 
@@ -515,13 +529,25 @@ def _whole_group(con, source: str, values: dict) -> pl.DataFrame:
     )
 
 
-def refresh_link_fits(con) -> int:
+def refresh_link_fits(con, fits: pa.Table | None = None) -> int:
     """Fill ``_link_fits`` (the table behind the ``link_fits`` view, queries/link_fit.sql)
-    from the store behind ``con``; the number of fits."""
-    frame = link_fits_frame(con)
+    from the store behind ``con``, or with ``fits`` (an Arrow table of ``link_fits_frame``'s
+    columns, fitted before on the same data); the number of fits."""
+    table = link_fits_frame(con).to_arrow() if fits is None else fits
     con.execute("DELETE FROM _link_fits")
-    if frame.height:
-        con.register("_link_fits_new", frame.to_arrow())
+    if table.num_rows:
+        con.register("_link_fits_new", table)
         con.execute("INSERT INTO _link_fits BY NAME SELECT * FROM _link_fits_new")
         con.unregister("_link_fits_new")
-    return frame.height
+    return table.num_rows
+
+
+def stored_link_fits(con) -> pa.Table:
+    """The fits of the data behind ``con`` as an Arrow table: those an earlier connection on
+    the same files fitted, when it kept them (``catalog.derived_table``), else fitted now."""
+    from pathlib import Path
+
+    from hybridtrace.store.catalog import derived_table
+
+    code = Path(__file__).read_text(encoding="utf-8")  # another fit is another result
+    return derived_table("linkfits", con, code, lambda: link_fits_frame(con).to_arrow())

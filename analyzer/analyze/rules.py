@@ -62,6 +62,9 @@ class Rule:
     basis: str = ""  # what it reads, when several rules raise one kind ('trace', 'counters', ...)
     # reads the other rules' findings (_handoff_findings): runs once they are in
     after_others: bool = False
+    # (with after_others) every finding it raises is one of its inputs: with none counted, it
+    # is not run, as its view would still read all it joins them to
+    needs_inputs: bool = False
     # tests that exercise it beside its cases under tests/cases/finding_<name>/, as
     # "tests/<file>.py::<test>" (a rule needs one or the other)
     tests: tuple[str, ...] = ()
@@ -154,6 +157,7 @@ RULES: tuple[Rule, ...] = (
     # the outputs compared: a prompt that got no answer was not
     Rule("output_mismatch", "findings_verify", ("output_mismatch",), "request",
          "SELECT count(*) FROM verifications WHERE status <> 'error'", "outputs compared", after_others=True,
+         needs_inputs=True,
          tests=("tests/test_verify.py::"
                 "test_finds_exactly_the_divergent_prompts_labels_near_ties_and_joins_their_handoffs",)),
 )  # fmt: skip

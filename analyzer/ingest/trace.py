@@ -191,8 +191,14 @@ def _schema_for(types: frozenset[str] | None) -> dict[str, pl.DataType]:
     return _TYPE_SCHEMAS[types]
 
 
+_EMPTY: dict[str, pa.Table] = {}
+
+
 def _empty_tables() -> dict[str, pa.Table]:
-    return {table: table_schema(table).arrow_schema().empty_table() for table in _TABLES}
+    """An empty table per table the trace fills (made once: Arrow tables do not change)."""
+    if not _EMPTY:
+        _EMPTY.update((table, table_schema(table).arrow_schema().empty_table()) for table in _TABLES)
+    return dict(_EMPTY)
 
 
 def _has_long_line(block: bytes, limit: int = LINE_LIMIT) -> bool:
@@ -210,24 +216,61 @@ def _has_long_line(block: bytes, limit: int = LINE_LIMIT) -> bool:
     return False
 
 
-def _checks(frame: pl.DataFrame, counts: dict[str | None, int]) -> list[pl.Expr]:
-    """One boolean aggregate per check the careful path makes, on the columns that hold values.
+def _checks(frame: pl.DataFrame, counts: dict[str | None, int], filled: frozenset[str]) -> list[pl.Expr]:
+    """One boolean aggregate per check the careful path makes, on the columns that hold values
+    (``filled``).
 
     A column with no value passes every check but "required" (a missing value passes the
     others), so only the columns and record types the chunk has are checked: the cost
     follows what the chunk holds, not how many fields the format has. Each check fills
-    its undecidable rows with false before ``all()``, which would skip them.
+    its undecidable rows with false before ``all()``, which would skip them. The checks of
+    one shape of chunk (its filled columns and their types, its record types) are built once.
     """
     height = frame.height
-    filled = {name for name in frame.columns if frame[name].null_count() < height}
+    types = frozenset((t, n == height) for t, n in counts.items())
+    schema = frame.schema
+    key = (filled, types, tuple(schema[name] for name in sorted(filled)))
+    checks = _CHECKS.get(key)
+    if checks is None:
+        checks = _build_checks(schema, counts, filled, height)
+        if len(_CHECKS) > 256:
+            _CHECKS.clear()  # shapes are few; a trace that keeps changing shape is not kept
+        _CHECKS[key] = checks
+    return checks
+
+
+_CHECKS: dict[tuple, list[pl.Expr]] = {}
+
+
+def _judged_by_enum(name: str, counts: dict[str | None, int]) -> bool:
+    """Whether every record type of the chunk that has field ``name`` allows it a few words
+    only, none of which reads like an object, a list or a boolean: the enum check then
+    refuses those too, and the text check is not needed. (`type` is judged by check 0.)"""
+    if name == "type":
+        return True
+    judged = False
+    for rtype in RECORD_TYPES.values():
+        if not counts.get(rtype.name):
+            continue
+        field = next((f for f in rtype.fields if f.name == name), None)
+        if field is None:
+            continue
+        if not field.enum or any(v[:1] in "{[" or v in ("true", "false") for v in field.enum):
+            return False
+        judged = True
+    return judged
+
+
+def _build_checks(schema: pl.Schema, counts: dict[str | None, int], filled: frozenset[str],
+                  height: int) -> list[pl.Expr]:  # fmt: skip
     checks = [((pl.col("v") == 1) & pl.col("type").is_in(list(RECORD_TYPES))).fill_null(False)]
-    for name in filled:
-        dtype = frame.schema[name]
+    for name in sorted(filled):
+        dtype = schema[name]
         if dtype == pl.Float64:
             # polars refuses NaN, Infinity and 1e999 today, so this never fails; should a later
             # reader take them, they still go to the careful path, which rejects them
             checks.append(pl.col(name).is_finite().fill_null(True))
-        elif dtype == pl.String:
+        elif dtype == pl.String and not _judged_by_enum(name, counts):
             # The reader turns an object, a list or a boolean into text for a string field: a
             # wrong type. A text that reads like one goes to the careful path, which tells them apart.
             text = pl.col(name).str
@@ -265,11 +308,15 @@ class FastReader:
 
     It reads each chunk with the fields of the record types the chunk before it held, and
     again with every field when the chunk holds another type, so its rows never depend on
-    the guess.
+    the guess. Of those fields, the ones no chunk of the object has given a value yet are
+    read as polars' Null type: the reader then skips building their columns, and it refuses
+    a chunk that has a value for one of them, which is read again with the types' fields
+    typed (a field seen once stays typed for the rest of the object).
     """
 
     def __init__(self) -> None:
         self.types: frozenset[str] | None = None  # the record types of the last clean chunk
+        self.filled: frozenset[str] = frozenset()  # the fields with a value in a clean chunk so far
 
     def parse(
         self, block: bytes, first_line: int, n_lines: int, source_id: str
@@ -277,7 +324,12 @@ class FastReader:
         """Rows per table when every line of ``block`` is a clean record, else None."""
         if len(block) > LINE_LIMIT and _has_long_line(block):
             return None  # a line too long to be a record: the careful path rejects it
-        frame = self._read(block, self.types)
+        frame = None
+        if self.types is not None:
+            # None here: a value in a field read as Null, or a chunk that is not clean
+            frame = self._read(block, self.types, self.filled)
+        if frame is None:
+            frame = self._read(block, self.types)
         if frame is None:
             return None
         counts: dict[str | None, int] = dict(frame["type"].value_counts().iter_rows())
@@ -290,18 +342,46 @@ class FastReader:
         known = frozenset(t for t in counts if t in RECORD_TYPES)
         if frame.height != n_lines:
             return None  # blank lines: line numbers would not follow rows
-        checks = _checks(frame, counts)
+        height = frame.height
+        nulls = frame.null_count().row(0)
+        filled = frozenset(name for name, n in zip(frame.columns, nulls, strict=True) if n < height)
+        checks = _checks(frame, counts, filled)
         if not all(frame.select([c.all().alias(f"c{i}") for i, c in enumerate(checks)]).row(0)):
             return None
         self.types = known
+        self.filled |= filled
         return _tables(frame, counts, first_line, source_id)
 
     @staticmethod
-    def _read(block: bytes, types: frozenset[str] | None) -> pl.DataFrame | None:
+    def _read(
+        block: bytes, types: frozenset[str] | None, filled: frozenset[str] | None = None
+    ) -> pl.DataFrame | None:
+        """``block`` read with the fields of ``types``; with ``filled``, the others read as Null
+        (and then given their types back, all null, as a read that found no value types them)."""
+        schema = _schema_for(types)
+        nulls: dict[str, pl.DataType] = {}
+        if filled is not None:
+            nulls = {name: dtype for name, dtype in schema.items() if name not in filled}
+            if nulls:
+                schema = {name: pl.Null() if name in nulls else dtype for name, dtype in schema.items()}
         try:
-            return pl.read_ndjson(block, schema=_schema_for(types))
+            frame = pl.read_ndjson(block, schema=schema)
         except Exception:
             return None
+        if nulls:
+            frame = frame.with_columns(_typed_nulls(nulls))
+        return frame
+
+
+_TYPED_NULLS: dict[frozenset[str], list[pl.Expr]] = {}
+
+
+def _typed_nulls(nulls: dict[str, pl.DataType]) -> list[pl.Expr]:
+    """Columns of nulls of their types, for fields read as Null (made once per set of fields)."""
+    key = frozenset(nulls)
+    if key not in _TYPED_NULLS:
+        _TYPED_NULLS[key] = [pl.lit(None, dtype).alias(name) for name, dtype in nulls.items()]
+    return _TYPED_NULLS[key]
 
 
 def _tables(frame: pl.DataFrame, counts: dict[str | None, int], first_line: int,
@@ -321,33 +401,51 @@ def _tables(frame: pl.DataFrame, counts: dict[str | None, int], first_line: int,
             events.append(_event_rows(rtype, typed.to_arrow(), source_id))
             continue
         table = rtype.table
-        columns = [pl.col(f.name).alias(f.column or f.name) for f in rtype.fields]
-        out = part.select([*columns, pl.col("line_number"), pl.lit(source_id).alias("source_id")])
-        if table == "transfers":
-            out = out.with_columns(_group_bytes_polars())
-        for f in rtype.fields:
-            column = f.column or f.name
-            if f.type == "groups" and out[column].null_count() < out.height:
-                encoded = (
-                    pl.struct(pl.col(column).alias("g"))
-                    .struct.json_encode()
-                    .str.slice(5)
-                    .str.strip_suffix("}")
-                )
-                out = out.with_columns(
-                    pl.when(pl.col(column).is_null()).then(None).otherwise(encoded).alias(column)
-                )
-            elif f.type == "groups":
-                out = out.with_columns(pl.lit(None, pl.String).alias(column))
-        if "ts" in rtype.names:
-            day = (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date()
-            out = out.with_columns(day.alias("day"))
-        if table == "engines":
-            out = out.with_columns(pl.lit("trace").alias("source_kind"))
+        groups_filled = any(
+            f.type == "groups" and part[f.name].null_count() < part.height for f in rtype.fields
+        )
+        out = part.select([*_table_select(rtype, groups_filled), pl.lit(source_id).alias("source_id")])
         tables[table] = table_schema(table).conform(out.to_arrow())
     if events:
         tables["log_events"] = pa.concat_tables(events)
     return tables
+
+
+_SELECTS: dict[tuple[str, bool], list[pl.Expr]] = {}
+
+
+def _table_select(rtype: RecordType, groups_filled: bool) -> list[pl.Expr]:
+    """The columns of a clean chunk's records of ``rtype`` as its table has them, in one select
+    (built once per record type): the fields under their column names, the groups as JSON
+    text (``groups_filled``: some record has them), a read's bytes by cache type, the day."""
+    key = (rtype.name, groups_filled)
+    if key not in _SELECTS:
+        exprs = []
+        for f in rtype.fields:
+            column = f.column or f.name
+            if f.type != "groups":
+                exprs.append(pl.col(f.name).alias(column))
+            elif groups_filled:
+                encoded = (
+                    pl.struct(pl.col(f.name).alias("g"))
+                    .struct.json_encode()
+                    .str.slice(5)
+                    .str.strip_suffix("}")
+                )
+                exprs.append(pl.when(pl.col(f.name).is_null()).then(None).otherwise(encoded).alias(column))
+            else:
+                exprs.append(pl.lit(None, pl.String).alias(column))
+        exprs.append(pl.col("line_number"))
+        if rtype.table == "transfers":
+            exprs += _group_bytes_polars()
+        if "ts" in rtype.names:
+            exprs.append(
+                (pl.col("ts") * 1000).cast(pl.Int64).cast(pl.Datetime("ms", "UTC")).dt.date().alias("day")
+            )
+        if rtype.table == "engines":
+            exprs.append(pl.lit("trace").alias("source_kind"))
+        _SELECTS[key] = exprs
+    return _SELECTS[key]
 
 
 # Records read as log_events rows say in one line what happened, like the log line they stand for.

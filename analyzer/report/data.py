@@ -16,7 +16,7 @@ from decimal import Decimal
 
 import duckdb
 
-from hybridtrace.analyze import Analysis, analyze, materialized
+from hybridtrace.analyze import SHARED_VIEWS, Analysis, analyze, materialized
 from hybridtrace.analyze.rules import report_kinds
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
@@ -82,15 +82,33 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return con.execute(sql).fetchall()[0][0] or 0
 
 
+# What the report's own views read of the views the analysis shares (queries/report.sql, the
+# slow-rank rule it lists and transfer_vs_recompute): computed once for all of them.
+REPORT_VIEWS = ("transfer_bytes", "_request_reads", "handoffs", "intervals", "_rank_windows")
+
+
 def collect(
-    con: duckdb.DuckDBPyConnection, *, store: str, config: str | None = None, scope: Callable | None = None
+    con: duckdb.DuckDBPyConnection,
+    *,
+    store: str,
+    config: str | None = None,
+    scope: Callable | None = None,
+    incremental: bool = False,
 ) -> ReportData:
     """Analyse the store behind ``con`` (from ``open_analysis``) and gather every section of the report.
 
     ``scope`` as ``analyze`` takes it: the request-scope rules computed on Spark.
+    ``incremental`` analyses as ``hybridtrace analyze`` does, keeping its state in the store
+    and recomputing only what new batches touch (the scheduled job's runs); the report's own
+    sections then compute only the shared views they read. The findings are the same either way.
     """
-    with materialized(con):  # the analysis and the report views share one computation
-        analysis = analyze(con, config=config, scope=scope)
+    analysis = None
+    if incremental:
+        analysis = analyze(con, config=config, scope=scope, incremental=True)
+    # the analysis and the report views share one computation of the views both read
+    with materialized(con, REPORT_VIEWS if incremental else SHARED_VIEWS):
+        if analysis is None:
+            analysis = analyze(con, config=config, scope=scope)
         # the thresholds the rules just read (the analysis installs those of ``config``)
         thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
         data = ReportData(

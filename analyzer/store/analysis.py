@@ -58,7 +58,7 @@ def analysis_connection(
     """Raw views, ``engine_models`` and (with ``views``) thresholds, ``queries/``, link fits on ``store``."""
     if not views:
         return _base(store, False, None)
-    from hybridtrace.analyze.link_fit import refresh_link_fits
+    from hybridtrace.analyze.link_fit import refresh_link_fits, stored_link_fits
     from hybridtrace.queries_loader import install_views, sql_modules
     from hybridtrace.store.catalog import CatalogConnection, base_objects
 
@@ -78,7 +78,8 @@ def analysis_connection(
         defined = {name for module in sql_modules() for name in module.defines}
         if not defined & {row[0] for row in base}:  # a view of queries/ never stands in for a base one
             opened.save_template(base)
-    refresh_link_fits(con)
+    # fitted once per state of the data: a connection on an unchanged store reads them back
+    refresh_link_fits(con, stored_link_fits(con))
     return con
 
 

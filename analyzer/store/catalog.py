@@ -20,6 +20,10 @@ one): a connection's file is removed when the connection is collected or the pro
 exits, files of processes that are gone are removed by the next one, and a template no
 connection used for a week goes when another is saved. Where there is no such
 directory, connections are in memory, as before.
+
+The same directory keeps what opening a store computes from its data (the link fits,
+``derived_table``), one file per state of the data: a connection on files an earlier one
+read reads the result back instead of computing it again.
 """
 
 from __future__ import annotations
@@ -30,16 +34,19 @@ import functools
 import hashlib
 import itertools
 import os
+import re
 import shutil
 import stat
 import tempfile
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
 BASE_TABLE = "_catalog_base"
 # every object a connection holds, with its columns: views and tables, main and temp
@@ -115,12 +122,13 @@ def _sweep(where: Path) -> None:
                 pass  # running, as another user: not ours to judge
 
 
-def _prune(kept: Path, unused_s: float = 7 * 86400) -> None:
-    """Remove the templates of other versions that no connection used for ``unused_s``."""
+def _prune(kept: Path, unused_s: float = 7 * 86400, pattern: str = "catalog-*.duckdb") -> None:
+    """Remove the other files of ``pattern`` (templates of other versions, derived tables of
+    other data) that no connection used for ``unused_s``."""
     import time
 
     with contextlib.suppress(OSError):
-        for entry in kept.parent.glob("catalog-*.duckdb"):
+        for entry in kept.parent.glob(pattern):
             if entry != kept and time.time() - entry.stat().st_mtime > unused_s:
                 with contextlib.suppress(OSError):
                     entry.unlink()
@@ -216,6 +224,61 @@ class CatalogConnection:
                 partial.unlink()
         finally:
             self.con.execute(f"DROP TABLE IF EXISTS {BASE_TABLE}")
+
+
+# What opening a store computes from its data beyond the catalog (the link fits), kept per
+# state of the data: the SQL of every view of the connection names every file it reads, and
+# a store's files are written once under names of their own, so the same SQL reads the same
+# rows and gives the same result. A store with a batch more, or compacted, has other SQL.
+_ARROW_SOURCE = re.compile(r"__duckdb_source_\w+")
+
+
+def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path | None:
+    where = _directory()
+    if where is None:
+        return None
+    views = con.execute(
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
+    ).fetchall()
+    digest = hashlib.sha256(f"{_key()}\0{code}".encode())
+    for name, sql in views:
+        # a view over an Arrow table the connection made (the engine models, from the store's
+        # files and this code) names it by a number of the connection's own
+        digest.update(f"\0{name}\0{_ARROW_SOURCE.sub('__duckdb_source', sql)}".encode())
+    return where / f"{kind}-{digest.hexdigest()[:32]}.arrow"
+
+
+def derived_table(
+    kind: str, con: duckdb.DuckDBPyConnection, code: str, compute: Callable[[], pa.Table]
+) -> pa.Table:
+    """``compute()``'s table for the data behind ``con``, kept from an earlier connection
+    that read the same files with the same ``code`` (the text of what computes it) when
+    there is one; else computed and kept for the next. A kept table that cannot be read is
+    computed again."""
+    import pyarrow as pa
+
+    path = _derived_path(kind, con, code)
+    if path is not None and path.exists():
+        try:
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+            os.utime(path)  # in use: see _prune
+            return table
+        except (OSError, pa.ArrowException):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    table = compute()
+    if path is not None:
+        partial = path.with_name(f"partial-{os.getpid()}-{uuid.uuid4().hex[:8]}.arrow")
+        try:
+            with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(partial, path)
+            _prune(path, pattern=f"{kind}-*.arrow")
+        except (OSError, pa.ArrowException):
+            with contextlib.suppress(OSError):
+                partial.unlink()
+    return table
 
 
 def base_objects(con: duckdb.DuckDBPyConnection) -> list[tuple]:
