@@ -260,7 +260,8 @@ def derived_table(
     path = _derived_path(kind, con, code)
     if path is not None and path.exists():
         try:
-            with pa.memory_map(str(path)) as source:
+            # read into memory (the file is small), so no table refers to a mapping of it
+            with pa.OSFile(str(path)) as source:
                 table = pa.ipc.open_file(source).read_all()
             os.utime(path)  # in use: see _prune
             return table
