@@ -156,6 +156,9 @@ def test_link_fits_are_fitted_once_per_state_of_the_data(where, tmp_path, demo_s
     fit = link_fit.link_fits_frame
     monkeypatch.setattr(link_fit, "link_fits_frame", lambda con: pytest.fail("fitted again"))
     assert _fits(open_analysis(store)) == fitted
+    # an analysis that keeps its state in the store changes no data the fits read
+    analyze(open_analysis(store), incremental=True)
+    assert _fits(open_analysis(store)) == fitted
     # a kept table that cannot be read is fitted again, and kept anew
     [kept] = where.glob("linkfits-*.arrow")
     kept.write_bytes(b"not arrow")

@@ -231,16 +231,29 @@ class CatalogConnection:
 # a store's files are written once under names of their own, so the same SQL reads the same
 # rows and gives the same result. A store with a batch more, or compacted, has other SQL.
 _ARROW_SOURCE = re.compile(r"__duckdb_source_\w+")
+# the raw views of the incremental analysis' state tables (analyze/incremental.py)
+_STATE_VIEWS = ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows",
+                "analysis_counts")  # fmt: skip
 
 
 def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path | None:
     where = _directory()
     if where is None:
         return None
+    # The analysis' own state is left out: nothing computed at open reads it. The manifest
+    # (`sources`) counts by its rows, not its files: what is made of it at open (which engine
+    # an instance folder is) reads its rows, and the batch each analysis commits its state in
+    # adds a file of no rows. Either would otherwise make the next connection compute again.
     views = con.execute(
-        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
+        "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT list_contains(?, view_name) "
+        "ORDER BY view_name",
+        [[*_STATE_VIEWS, "sources"]],
     ).fetchall()
-    digest = hashlib.sha256(f"{_key()}\0{code}".encode())
+    manifest = con.execute(
+        "SELECT md5(coalesce(string_agg(row, chr(10) ORDER BY row), '')) "
+        "FROM (SELECT CAST(s AS VARCHAR) AS row FROM sources s)"
+    ).fetchall()[0][0]
+    digest = hashlib.sha256(f"{_key()}\0{code}\0{manifest}".encode())
     for name, sql in views:
         # a view over an Arrow table the connection made (the engine models, from the store's
         # files and this code) names it by a number of the connection's own
