@@ -291,7 +291,9 @@ def _analyze(
         con.execute(
             f"CREATE TEMP VIEW {kept} AS SELECT * FROM {kept}_new UNION ALL BY NAME SELECT * FROM {relation}"
         )
-    seen = _scalars(con, {rule.name: rule.inputs for rule in RULES})
+    # the later rules' inputs counted above are not counted again
+    others = {rule.name: rule.inputs for rule in RULES if rule.name not in later_inputs}
+    seen = later_inputs | _scalars(con, others)
     rules = {
         rule.name: {"inputs": seen[rule.name], "findings": per_view[rule.view], "kinds": list(rule.kinds)}
         for rule in RULES

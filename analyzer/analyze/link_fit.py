@@ -239,13 +239,8 @@ def _fit_links(sets: list[tuple[pl.DataFrame, str | None]], *, time: str = "xfer
     return fits
 
 
-def fit_link(
-    frame: pl.DataFrame,
-    *,
-    time: str = "xfer_s",
-    nbytes: str = "bytes",
-    descriptors: str | None = "descriptors",
-) -> LinkFit | None:
+def fit_link(frame: pl.DataFrame, *, time: str = "xfer_s", nbytes: str = "bytes",
+             descriptors: str | None = "descriptors") -> LinkFit | None:
     """Fit one link from reads (columns ``time`` s, ``nbytes``, optionally ``descriptors``).
 
     None when fewer than ``MIN_TRANSFERS`` usable reads (finite, positive time) remain.
@@ -253,9 +248,8 @@ def fit_link(
     return _fit_links([(frame, descriptors)], time=time, nbytes=nbytes)[0]
 
 
-def fit_from_store(
-    con, *, pair: tuple[str, str] | None = None, rank: int | None = None, link: str | None = None
-) -> tuple[LinkFit | None, str]:
+def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None = None,
+                   link: str | None = None) -> tuple[LinkFit | None, str]:
     """The link fitted from a store's successful reads, and where they came from.
 
     The connector trace's reads (with descriptors) when the store has them, else NIXL's
@@ -272,17 +266,14 @@ def fit_from_store(
     if link is not None:
         where.append("link = ?")
         params.append(link)
-    query = "SELECT xfer_s, transported_bytes AS bytes, descriptors FROM transfers WHERE " + " AND ".join(
-        where
-    )
+    query = ("SELECT xfer_s, transported_bytes AS bytes, descriptors FROM transfers WHERE "
+             + " AND ".join(where))
     frame = pl.from_arrow(con.sql(query, params=params).to_arrow_table())
     if frame.height or pair is not None or rank is not None or link is not None:
         return fit_link(frame), f"{frame.height} trace reads"
-    frame = pl.from_arrow(
-        con.sql(
-            "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
-        ).to_arrow_table()
-    )
+    frame = pl.from_arrow(con.sql(
+        "SELECT xfer_us / 1e6 AS xfer_s, transported_bytes AS bytes FROM nixl_transfers WHERE xfer_us > 0"
+    ).to_arrow_table())
     return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
 
 

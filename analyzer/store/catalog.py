@@ -231,9 +231,6 @@ class CatalogConnection:
 # a store's files are written once under names of their own, so the same SQL reads the same
 # rows and gives the same result. A store with a batch more, or compacted, has other SQL.
 _ARROW_SOURCE = re.compile(r"__duckdb_source_\w+")
-# the raw views of the incremental analysis' state tables (analyze/incremental.py)
-_STATE_VIEWS = ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows",
-                "analysis_counts")  # fmt: skip
 
 
 def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path | None:
@@ -244,10 +241,14 @@ def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path 
     # (`sources`) counts by its rows, not its files: what is made of it at open (which engine
     # an instance folder is) reads its rows, and the batch each analysis commits its state in
     # adds a file of no rows. Either would otherwise make the next connection compute again.
+    from hybridtrace.schema import TABLES, table_schema
+
+    # the raw views of the incremental analysis' state tables (analyze/incremental.py)
+    state = [table_schema(t).view for t in TABLES if t.startswith("analysis_")]
     views = con.execute(
         "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND NOT list_contains(?, view_name) "
         "ORDER BY view_name",
-        [[*_STATE_VIEWS, "sources"]],
+        [[*state, "sources"]],
     ).fetchall()
     manifest = con.execute(
         "SELECT md5(coalesce(string_agg(row, chr(10) ORDER BY row), '')) "
