@@ -28,10 +28,10 @@ SELECT
                          ELSE 'state' END
         || ' crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
         || count(*) || ' reads beyond what the model needs' AS message,
-    CAST(json_object('reads', count(*), 'transported_bytes', sum(transported_bytes),
-        'expected_bytes', sum(expected_bytes), 'reserved_bytes', sum(reserved_bytes),
-        'excess_bytes', sum(excess_bytes), 'padding_gap_bytes', sum(padding_gap_bytes),
-        'padding_layers_bytes', sum(padding_layers_bytes),
+    CAST(json_object('reads', count(*), 'transported_bytes', _json_int(sum(transported_bytes)),
+        'expected_bytes', _json_int(sum(expected_bytes)), 'reserved_bytes', _json_int(sum(reserved_bytes)),
+        'excess_bytes', _json_int(sum(excess_bytes)), 'padding_gap_bytes', _json_int(sum(padding_gap_bytes)),
+        'padding_layers_bytes', _json_int(sum(padding_layers_bytes)),
         -- how is never null here: one value when the least and the greatest are one
         'how', CASE WHEN min(how) = max(how) THEN min(how) ELSE 'mixed' END) AS VARCHAR) AS evidence
 FROM leaks
@@ -48,8 +48,8 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'rank ' || rank || ' pulled ' || sum(state_moved_bytes) || ' bytes of state; its shard is '
         || sum(expected_state_bytes) || ' bytes' AS message,
-    CAST(json_object('reads', count(*), 'state_bytes_moved', sum(state_moved_bytes),
-        'state_shard_bytes', sum(expected_state_bytes), 'share', any_value(share)) AS VARCHAR) AS evidence
+    CAST(json_object('reads', count(*), 'state_bytes_moved', _json_int(sum(state_moved_bytes)),
+        'state_shard_bytes', _json_int(sum(expected_state_bytes)), 'share', any_value(share)) AS VARCHAR) AS evidence
 FROM (
     -- the state a read moved: its mamba groups' bytes when the trace breaks the read down
     -- (extra attention blocks are not state), else all beyond whole attention blocks
@@ -116,10 +116,10 @@ SELECT
               || ' bytes crossed beyond every page the allocator holds for the request: the transport '
               || 'counted more than KV (copies through a staging path)' END
         AS message,
-    CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
-        'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(t.reserved_bytes),
+    CAST(json_object('reads', count(*), 'staging_bytes', _json_int(sum(t.staging_bytes)),
+        'transported_bytes', _json_int(sum(t.transported_bytes)), 'reserved_bytes', _json_int(sum(t.reserved_bytes)),
         'host_buffer_engines', coalesce(any_value(t.host_engines), []),
-        'padding_layers_bytes', sum(t.padding_layers_bytes),
+        'padding_layers_bytes', _json_int(sum(t.padding_layers_bytes)),
         -- beyond every page the allocator holds for the request, padding layers' included
         'copies_counted_in_transport',
         coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes) + sum(t.padding_layers_bytes), false)) AS VARCHAR)
@@ -180,7 +180,7 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'posting ' || descriptors || ' descriptors took ' || round(100 * post_s / xfer_s, 1)
         || '% of the transfer time' AS message,
-    CAST(json_object('reads', timed_reads, 'descriptors', descriptors, 'post_s', post_s,
+    CAST(json_object('reads', timed_reads, 'descriptors', _json_int(descriptors), 'post_s', post_s,
         'xfer_s', xfer_s, 'bytes_per_descriptor', timed_bytes / nullif(descriptors, 0)) AS VARCHAR) AS evidence
 FROM _request_reads
 WHERE timed_reads > 0 AND post_s / xfer_s >= _t('descriptor_post_share');
@@ -196,12 +196,12 @@ SELECT
     CAST(json_object('source', any_value(source), 'reads', count(*)) AS VARCHAR) AS evidence
 FROM (
     SELECT engine_id, rank, request_id, remote_engine_id, 'trace' AS source
-    FROM transfers WHERE status = 'failed'
+    FROM _unsuccessful_reads WHERE status = 'failed'
     UNION ALL
     -- each side filtered before its anti join: a correlated NOT EXISTS costs twice as much
     SELECT engine_id, CAST(NULL AS INTEGER), request_id, remote_engine_id, 'trace' AS source
-    FROM (SELECT engine_id, request_id, remote_engine_id FROM requests WHERE status = 'failed')
-    ANTI JOIN (SELECT engine_id, request_id FROM transfers WHERE status = 'failed') USING (engine_id, request_id)
+    FROM (SELECT engine_id, request_id, remote_engine_id FROM _unsuccessful_requests WHERE status = 'failed')
+    ANTI JOIN (SELECT engine_id, request_id FROM _unsuccessful_reads WHERE status = 'failed') USING (engine_id, request_id)
     -- a failure line naming the request says which rank: that one finding is the failure
     ANTI JOIN (SELECT engine_id, request_id FROM log_events WHERE kind = 'transfer_failed')
         USING (engine_id, request_id)
@@ -209,7 +209,7 @@ FROM (
     SELECT e.engine_id, e.rank, e.request_id, e.remote_engine_id, 'log' AS source
     FROM (SELECT engine_id, rank, request_id, remote_engine_id FROM log_events
           WHERE kind = 'transfer_failed' AND request_id IS NOT NULL) e
-    ANTI JOIN (SELECT request_id FROM transfers WHERE status = 'failed') USING (request_id)
+    ANTI JOIN (SELECT request_id FROM _unsuccessful_reads WHERE status = 'failed') USING (request_id)
 )
 GROUP BY engine_id, rank, request_id, remote_engine_id;
 
@@ -226,10 +226,10 @@ SELECT
     CAST(json_object('sources', list(DISTINCT source ORDER BY source)) AS VARCHAR) AS evidence
 FROM (
     SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
-    FROM requests WHERE status = 'expired'
+    FROM _unsuccessful_requests WHERE status = 'expired'
     UNION ALL
     SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
-    FROM transfers WHERE status = 'expired'
+    FROM _unsuccessful_reads WHERE status = 'expired'
     UNION ALL
     SELECT coalesce(r.engine_id, e.engine_id), coalesce(r.request_id, e.request_id),
            coalesce(r.remote_engine_id, e.engine_id),
@@ -257,19 +257,16 @@ GROUP BY engine_id, request_id;
 -- @column read_bytes           one read's expected bytes (attention blocks, state blocks, at the TP share)
 CREATE OR REPLACE VIEW _untimed_handoffs AS
 WITH untimed AS (
-    SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
-    FROM requests r
-    JOIN engine_models d ON d.engine_id = r.engine_id AND d.error IS NULL
-    LEFT JOIN engine_models p ON p.engine_id = r.remote_engine_id AND p.error IS NULL
-    WHERE coalesce(r.status, 'ok') = 'ok'
-      AND NOT EXISTS (SELECT 1 FROM _request_reads x WHERE x.engine_id = r.engine_id
-                      AND x.request_id = r.request_id AND x.critical_path_s IS NOT NULL)
+    -- no successful timed read: none at all, or none with a critical path
+    SELECT q.*, _share(q.model_tp_size, coalesce(p.tp_size, q.model_tp_size)) AS untimed_share
+    FROM _modelled('_request_rows') q
+    LEFT JOIN engine_models p ON p.engine_id = q.remote_engine_id AND p.error IS NULL
+    WHERE coalesce(q.status, 'ok') = 'ok' AND q.critical_path_s IS NULL
 )
-SELECT u.engine_id, u.request_id, u.remote_engine_id, u.missing_tokens, u.prefill_s AS measured_prefill_s,
-       _expected_attention_bytes(q.b, q.block, coalesce(q.tokens, u.missing_tokens), u.share)
-       + q.s * q.state_blocks // u.share AS read_bytes
-FROM untimed u
-JOIN _request_model q USING (engine_id, request_id);
+SELECT engine_id, request_id, remote_engine_id, missing_tokens, prefill_s AS measured_prefill_s,
+       _expected_attention_bytes(b, block, coalesce(tokens, missing_tokens), untimed_share)
+       + s * state_blocks // untimed_share AS read_bytes
+FROM untimed;
 
 -- _fitted_handoffs: the handoffs with no measured transfer time (a request record of a
 -- successful request, and no successful timed read of it: the reads are not in the trace),

@@ -74,6 +74,32 @@ _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
 STATE_VERSION = 4
+# The views the scope's rules share, computed once each (in this order: each reads the ones
+# before it). Over the whole store, those that save a pass over the reads. Over a scope cut
+# to a few requests every one is small, and what costs is planning: a rule's view is planned
+# with every view it reads expanded in it, a few milliseconds each, many times over (the
+# rules read the request model and the sized requests a dozen times); a table is planned as one.
+_WHOLE_VIEWS = (
+    "_unsuccessful_reads",
+    "_unsuccessful_requests",
+    "_request_reads",
+    "_request_rows",
+    "_excess_reads",
+    "handoffs",
+)
+_CUT_VIEWS = (
+    "_host_buffer_engines",
+    "_host_buffer_pairs",
+    "_peak_prefill_rate",
+    "_request_model",
+    "_request_reads",
+    "_request_rows",
+    "_sized_requests",
+    "_excess_request_model",
+    "_excess_reads",
+    "transfer_bytes",
+    "handoffs",
+)
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -420,9 +446,10 @@ class IncrementalRun:
         con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
                     "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
         with ExitStack() as stack:
-            if (not self.full) if cut is None else cut:
+            cutting = (not self.full) if cut is None else cut
+            if cutting:
                 stack.enter_context(_cut_to_scope(con))
-            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
                 f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
@@ -723,19 +750,27 @@ SELECT rule, kind, severity, CAST(sum(n) AS BIGINT) AS n FROM (
 ) GROUP BY ALL HAVING sum(n) > 0
 """
 
-_TOTALS = """
+_TOTALS = (
+    """
 SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
        coalesce(sum(value) FILTER (WHERE counter = 'reads_ok'), 0) AS reads_ok,
        coalesce(sum(value) FILTER (WHERE counter = 'reads_sized'), 0) AS reads_sized,
-""" + ",\n".join(
-    f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
-    f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
-    for name in (
-        "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes"
+"""
+    + ",\n".join(
+        f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
+        f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
+        for name in (
+            "logical_bytes",
+            "expected_bytes",
+            "reserved_bytes",
+            "transported_bytes",
+            "sized_transported_bytes",
+        )
     )
-) + """
+    + """
 FROM _current_counts
 """
+)
 
 # What _config_pairs reads of the reads, from the state: each request's prefill engines (the
 # pair counts).
