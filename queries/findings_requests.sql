@@ -74,12 +74,6 @@ HAVING bool_or(use_host_buffer)
     OR (bool_or(kv_buffer_device = 'cpu')
         AND NOT coalesce(bool_or(source_kind = 'trace' AND use_host_buffer = false), false));
 
-CREATE OR REPLACE VIEW _host_buffer_pairs AS
-SELECT p.engine_id, p.remote_engine_id, list(h.engine_id ORDER BY h.engine_id) AS host_engines
-FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers) p
-JOIN _host_buffer_engines h ON h.engine_id IN (p.engine_id, p.remote_engine_id)
-GROUP BY ALL;
-
 -- _beyond_reserved: the successful reads of successful requests that moved more than even
 -- the padded pages explain, and say nothing of staging (those are picked up as staged
 -- reads). A failed request's token counts do not say what its reads carried, so its reads
@@ -126,9 +120,12 @@ SELECT
         AS evidence
 FROM (
     -- the staged reads, sized here (the reserved bytes as transfer_bytes has them); the reads
-    -- are picked by engine before the pairs are joined: an outer join of every read with the
-    -- (usually empty) pairs costs more than the whole rule
-    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, h.host_engines,
+    -- are picked by engine before anything is joined to them
+    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes,
+           -- the pair's engines that stage through host memory, by name
+           CASE WHEN h.engine_id IS NOT NULL OR r.engine_id IS NOT NULL
+                THEN list_sort(list_distinct(list_filter([h.engine_id, r.engine_id], lambda x: x IS NOT NULL))) END
+               AS host_engines,
            _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
            + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
                AS reserved_bytes,
@@ -141,9 +138,11 @@ FROM (
            OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
            OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
     ) t
-    LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
+    -- a host-buffer engine on either side (a join to the few such engines, not to every pair)
+    LEFT JOIN _host_buffer_engines h ON h.engine_id = t.engine_id
+    LEFT JOIN _host_buffer_engines r ON r.engine_id = t.remote_engine_id
     -- the byte model of each request with reads, as the analysis holds it once
-    LEFT JOIN _sized_requests q USING (engine_id, request_id)
+    LEFT JOIN _sized_requests q ON q.engine_id = t.engine_id AND q.request_id = t.request_id
     UNION ALL BY NAME
     -- the reads beyond every reserved page, sized once already (_excess_reads)
     SELECT * FROM _beyond_reserved
@@ -235,7 +234,13 @@ FROM (
            coalesce(r.remote_engine_id, e.engine_id),
            CASE WHEN e.process = 'trace' THEN 'trace' ELSE 'log' END AS source
     FROM log_events e
-    LEFT JOIN requests r ON r.remote_request_id = e.request_id
+    -- the requests the lines can name, picked before the join: a join to every request costs
+    -- more than the rule
+    LEFT JOIN (
+        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM requests
+        WHERE remote_request_id IN (
+            SELECT request_id FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined'))
+    ) r ON r.remote_request_id = e.request_id
     WHERE e.kind IN ('kv_expired', 'kv_expired_declined')
     -- prefill ids are unique per prefill engine only: when a request read from the engine
     -- that logged the line matches, requests from other prefill engines with that id do not

@@ -89,7 +89,6 @@ _WHOLE_VIEWS = (
 )
 _CUT_VIEWS = (
     "_host_buffer_engines",
-    "_host_buffer_pairs",
     "_peak_prefill_rate",
     "_request_model",
     "_request_reads",
