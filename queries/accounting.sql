@@ -181,9 +181,21 @@ WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
 -- _excess_reads: the successful reads that moved more than a correct connector would
 -- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
 -- rules look at, computed once per analysis instead of materialising every read. Only the
--- reads of _excess_request_model's requests are sized.
+-- reads of _excess_request_model's requests are sized, and only the columns those rules read
+-- are kept (the analysis holds these rows in memory: half a million reads on a million requests).
+--
+-- Columns:
+--   engine_id, request_id, rank, remote_engine_id     the read
+--   share, transported_bytes, staging_bytes,
+--   expected_bytes, reserved_bytes, excess_bytes,
+--   padding_gap_bytes, padding_layers_bytes,
+--   expected_attention_bytes, expected_state_bytes,
+--   state_transported_bytes                           as transfer_bytes has them
 CREATE OR REPLACE VIEW _excess_reads AS
-SELECT * FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
+SELECT engine_id, request_id, rank, remote_engine_id, share, transported_bytes, staging_bytes, expected_bytes,
+       reserved_bytes, excess_bytes, padding_gap_bytes, padding_layers_bytes, expected_attention_bytes,
+       expected_state_bytes, state_transported_bytes
+FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
 -- _mixed_share_model: the requests whose reads make different shares (reads with other TP
 -- sizes), with their byte model: summed read by read.
