@@ -70,6 +70,7 @@ ANALYSIS_VIEWS = (
     "intervals",
     "_untraced_interval_bytes",
     "_rank_windows",
+    "_config_pairs",
 )
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
 # The same for an incremental analysis, whose rules run on the merged state: what they read
