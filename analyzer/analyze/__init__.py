@@ -55,24 +55,24 @@ _INPUT_TABLES = (
 # among them: materialising 25 columns of every read costs more than the one pass over it
 # that the analysis makes (the reads of the requests that can hold excess bytes; the totals
 # are summed from each request's reads grouped once). The report, which reads them more
-# often, adds them.
+# often, adds them. Nor are handoffs and the sized requests: each is a projection of the
+# request rows (a request record beside its reads), and a copy of a million of them costs
+# more than the two or three scans the rules make of the rows.
 ANALYSIS_VIEWS = (
     "_unsuccessful_reads",
     "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
-    "_sized_requests",
     "_accounting_totals",
     "_excess_request_model",
     "_excess_reads",
-    "handoffs",
     "_untimed_handoffs",
     "intervals",
     "_untraced_interval_bytes",
     "_rank_windows",
     "_config_pairs",
 )
-SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
+SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report reads handoffs often
 # The same for an incremental analysis, whose rules run on the merged state: what they read
 # is small there, and what costs is planning each rule with every view it reads expanded in
 # it (a few milliseconds a view, many times over); a table is planned as one.

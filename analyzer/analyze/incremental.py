@@ -85,7 +85,6 @@ _WHOLE_VIEWS = (
     "_request_reads",
     "_request_rows",
     "_excess_reads",
-    "handoffs",
 )
 _CUT_VIEWS = (
     "_host_buffer_engines",
