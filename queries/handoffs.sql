@@ -73,17 +73,15 @@ GROUP BY engine_id, request_id;
 --   reused_tokens, recomputed_tokens,
 --   boundary_tokens, state_blocks, prefill_s     as in requests (the columns the byte model and handoffs read)
 --   has_reads                                   whether the trace holds a read of the request
---   read_remote_engine_id                       _request_reads' remote_engine_id (the first prefill engine read from)
 --   reads, ranks, critical_path_s, slowest_rank,
---   critical_bytes, aggregate_bytes, timed_reads,
---   timed_bytes, descriptors, post_s, xfer_s,
---   reads_ok, max_ok_bytes, share, shares_agree  as _request_reads has them
+--   critical_bytes, aggregate_bytes, reads_ok,
+--   max_ok_bytes, share, shares_agree           as _request_reads has them
 CREATE OR REPLACE VIEW _request_rows AS
 SELECT r.engine_id, r.request_id, r.remote_engine_id, r.status, r.missing_tokens, r.transferred_tokens,
        r.reused_tokens, r.recomputed_tokens, r.boundary_tokens, r.state_blocks, r.prefill_s,
-       x.engine_id IS NOT NULL AS has_reads, x.remote_engine_id AS read_remote_engine_id,
-       x.reads, x.ranks, x.critical_path_s, x.slowest_rank, x.critical_bytes, x.aggregate_bytes, x.timed_reads,
-       x.timed_bytes, x.descriptors, x.post_s, x.xfer_s, x.reads_ok, x.max_ok_bytes, x.share, x.shares_agree
+       x.engine_id IS NOT NULL AS has_reads,
+       x.reads, x.ranks, x.critical_path_s, x.slowest_rank, x.critical_bytes, x.aggregate_bytes, x.reads_ok,
+       x.max_ok_bytes, x.share, x.shares_agree
 FROM requests r
 LEFT JOIN _request_reads x ON x.engine_id = r.engine_id AND x.request_id = r.request_id;
 
