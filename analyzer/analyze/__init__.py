@@ -67,6 +67,7 @@ ANALYSIS_VIEWS = (
     "_excess_request_model",
     "_excess_reads",
     "_untimed_handoffs",
+    "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
     "_rank_windows",
@@ -77,6 +78,7 @@ SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report rea
 # is small there, and what costs is planning each rule with every view it reads expanded in
 # it (a few milliseconds a view, many times over); a table is planned as one.
 MERGED_VIEWS = (
+    "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
     "_counted_events",
