@@ -748,27 +748,19 @@ SELECT rule, kind, severity, CAST(sum(n) AS BIGINT) AS n FROM (
 ) GROUP BY ALL HAVING sum(n) > 0
 """
 
-_TOTALS = (
-    """
+_TOTALS = """
 SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
        coalesce(sum(value) FILTER (WHERE counter = 'reads_ok'), 0) AS reads_ok,
        coalesce(sum(value) FILTER (WHERE counter = 'reads_sized'), 0) AS reads_sized,
-"""
-    + ",\n".join(
-        f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
-        f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
-        for name in (
-            "logical_bytes",
-            "expected_bytes",
-            "reserved_bytes",
-            "transported_bytes",
-            "sized_transported_bytes",
-        )
+""" + ",\n".join(
+    f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
+    f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
+    for name in (
+        "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes"
     )
-    + """
+) + """
 FROM _current_counts
 """
-)
 
 # What _config_pairs reads of the reads, from the state: each request's prefill engines (the
 # pair counts).
