@@ -500,10 +500,15 @@ class IncrementalRun:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
             with swapped_views(con, {"_untimed_handoffs": untimed}):
-                con.execute(
-                    "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
-                    f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
-                )
+                # once, for the findings and for recompute_cheaper's inputs
+                con.execute("CREATE OR REPLACE TEMP TABLE _fitted_now AS SELECT * FROM _fitted_handoffs")
+                fitted = {"_fitted_handoffs": "SELECT * FROM _fitted_now"}
+                with swapped_views(con, fitted):
+                    con.execute(
+                        "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
+                        f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
+                    )
+            replacements.update(fitted)
             con.execute(
                 f"CREATE OR REPLACE TEMP VIEW {CURRENT_FINDINGS} AS SELECT * FROM _merged_findings "
                 "UNION ALL BY NAME SELECT * FROM _fitted_findings"
@@ -512,7 +517,7 @@ class IncrementalRun:
             with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
-            for table in ("_transfer_pairs", "_state_config_pairs"):
+            for table in ("_transfer_pairs", "_state_config_pairs", "_fitted_now"):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- the state written -----------------------------------------------------------
