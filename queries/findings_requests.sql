@@ -11,12 +11,13 @@
 -- the allocator's padding layers (the evidence's `how` says which).
 CREATE OR REPLACE VIEW finding_padding_leak AS
 WITH leaks AS (
+    -- how the excess is padding, as a number (1: the state as padded pages; 2: and the padding
+    -- layers' pages), named once per finding: a text per read costs more than the rule
     SELECT *,
-           CASE WHEN abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes')
-                THEN 'state sent as padded pages'
+           CASE WHEN abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes') THEN 1
                 WHEN padding_layers_bytes > 0
                      AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) <= _t('excess_min_bytes')
-                THEN 'state sent as padded pages, padding layers included' END AS how
+                THEN 2 END AS how
     FROM _excess_reads
     WHERE padding_gap_bytes > 0
 )
@@ -24,8 +25,7 @@ SELECT
     'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
     min(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'recurrent ' || CASE WHEN bool_or(how LIKE '%padding layers%') THEN 'state and padding layers'
-                         ELSE 'state' END
+    'recurrent ' || CASE WHEN max(how) = 2 THEN 'state and padding layers' ELSE 'state' END
         || ' crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
         || count(*) || ' reads beyond what the model needs' AS message,
     CAST(json_object('reads', count(*), 'transported_bytes', _json_int(sum(transported_bytes)),
@@ -33,7 +33,9 @@ SELECT
         'excess_bytes', _json_int(sum(excess_bytes)), 'padding_gap_bytes', _json_int(sum(padding_gap_bytes)),
         'padding_layers_bytes', _json_int(sum(padding_layers_bytes)),
         -- how is never null here: one value when the least and the greatest are one
-        'how', CASE WHEN min(how) = max(how) THEN min(how) ELSE 'mixed' END) AS VARCHAR) AS evidence
+        'how', CASE WHEN min(how) <> max(how) THEN 'mixed'
+                    WHEN min(how) = 1 THEN 'state sent as padded pages'
+                    ELSE 'state sent as padded pages, padding layers included' END) AS VARCHAR) AS evidence
 FROM leaks
 WHERE how IS NOT NULL
 GROUP BY engine_id, request_id;
