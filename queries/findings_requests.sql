@@ -99,6 +99,20 @@ WHERE transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min
 -- padding layers' included, by more than excess_min_bytes, and not as recurrent state
 -- (that excess is unsharded_state's).
 CREATE OR REPLACE VIEW finding_staging_copy AS
+-- the staged reads: those that say so, and every read of a host-buffer engine
+-- (two scans, not one with OR: the first filter then reaches the Parquet reader, and the
+-- second finds nothing to read when no engine stages)
+WITH staged AS MATERIALIZED (
+    SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
+    FROM transfers
+    WHERE staging_bytes > 0
+    UNION ALL
+    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, t.tp_size,
+           t.remote_tp_size
+    FROM transfers t
+    SEMI JOIN _host_buffer_engines h ON h.engine_id = t.engine_id OR h.engine_id = t.remote_engine_id
+    WHERE NOT coalesce(t.staging_bytes > 0, false)
+)
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
     min(t.remote_engine_id) AS remote_engine_id,
@@ -121,8 +135,7 @@ SELECT
         coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes) + sum(t.padding_layers_bytes), false)) AS VARCHAR)
         AS evidence
 FROM (
-    -- the staged reads, sized here (the reserved bytes as transfer_bytes has them); the reads
-    -- are picked by engine before anything is joined to them
+    -- the staged reads, sized here (the reserved bytes as transfer_bytes has them)
     SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes,
            -- the pair's engines that stage through host memory, by name
            CASE WHEN h.engine_id IS NOT NULL OR r.engine_id IS NOT NULL
@@ -133,18 +146,14 @@ FROM (
                AS reserved_bytes,
            coalesce(q.padding_layer_state, 0) * q.state_blocks // _share(t.tp_size, t.remote_tp_size)
                AS padding_layers_bytes
-    FROM (
-        SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
-        FROM transfers
-        WHERE staging_bytes > 0
-           OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-           OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-    ) t
+    FROM staged t
     -- a host-buffer engine on either side (a join to the few such engines, not to every pair)
     LEFT JOIN _host_buffer_engines h ON h.engine_id = t.engine_id
     LEFT JOIN _host_buffer_engines r ON r.engine_id = t.remote_engine_id
-    -- the byte model of each request with reads, as the analysis holds it once
-    LEFT JOIN _sized_requests q ON q.engine_id = t.engine_id AND q.request_id = t.request_id
+    -- the byte model of the staged requests: picked from the sized requests first, so that
+    -- the join is built on the few staged requests, not on every request
+    LEFT JOIN (SELECT * FROM _sized_requests SEMI JOIN staged USING (engine_id, request_id)) q
+        ON q.engine_id = t.engine_id AND q.request_id = t.request_id
     UNION ALL BY NAME
     -- the reads beyond every reserved page, sized once already (_excess_reads)
     SELECT * FROM _beyond_reserved
