@@ -34,6 +34,22 @@ CREATE OR REPLACE MACRO _expected_attention_bytes(b, block, tokens, share) AS
 CREATE OR REPLACE MACRO _reserved_state_bytes(padded_state, s, state_blocks, share) AS
     coalesce(padded_state, s) * state_blocks // share;
 
+-- _modelled(relation): the rows of `relation` (a relation named as text, with the columns of
+-- requests) whose decode engine has a sized byte model, beside the columns _request_model
+-- gives (state_blocks replaced by its default), and the engine's TP size (model_tp_size).
+CREATE OR REPLACE MACRO _modelled(relation) AS TABLE
+SELECT r.* REPLACE (coalesce(r.state_blocks, 1) AS state_blocks),
+       r.transferred_tokens AS tokens,
+       m.attention_bytes_per_token AS b,
+       m.state_bytes AS s,
+       m.block_tokens AS block,
+       m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
+       m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state,
+       r.status AS request_status,
+       m.tp_size AS model_tp_size
+FROM query_table(relation) r
+JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
+
 -- _request_model: what sizing a request's reads needs — its tokens and state blocks, and
 -- its decode engine's per-rank byte model — for requests of an engine with a sized model.
 --
@@ -45,18 +61,8 @@ CREATE OR REPLACE MACRO _reserved_state_bytes(padded_state, s, state_blocks, sha
 --   padding_layer_state                the padding layers' pages of one state block
 --   request_status                     the request record's status
 CREATE OR REPLACE VIEW _request_model AS
-SELECT
-    r.engine_id, r.request_id,
-    r.transferred_tokens AS tokens,
-    coalesce(r.state_blocks, 1) AS state_blocks,
-    m.attention_bytes_per_token AS b,
-    m.state_bytes AS s,
-    m.block_tokens AS block,
-    m.mamba_padded_page_bytes * m.recurrent_layers AS padded_state,
-    m.mamba_padded_page_bytes * coalesce(m.padding_layers, 0) AS padding_layer_state,
-    r.status AS request_status
-FROM requests r
-JOIN engine_models m ON m.engine_id = r.engine_id AND m.error IS NULL;
+SELECT engine_id, request_id, tokens, state_blocks, b, s, block, padded_state, padding_layer_state, request_status
+FROM _modelled('requests');
 
 -- _sized_reads(model): transfer_bytes over the requests of `model` (a relation named as text,
 -- with the columns of _request_model): the reads of those requests only, each sized.
@@ -150,17 +156,19 @@ CREATE OR REPLACE VIEW transfer_bytes AS SELECT * FROM _sized_reads('_request_mo
 --   transported_bytes, max_ok_bytes            bytes of its successful reads, summed and the largest
 --   logical, expected, reserved                one read's counts (shares_agree only)
 CREATE OR REPLACE VIEW _sized_requests AS
-SELECT q.*, x.share, x.shares_agree, x.reads, x.reads_ok, x.aggregate_bytes AS transported_bytes, x.max_ok_bytes,
-       CASE WHEN x.shares_agree THEN q.b * q.tokens // x.share + q.s * q.state_blocks // x.share END AS logical,
-       CASE WHEN x.shares_agree
-            THEN _expected_attention_bytes(q.b, q.block, q.tokens, x.share) + q.s * q.state_blocks // x.share
+SELECT q.engine_id, q.request_id, q.tokens, q.state_blocks, q.b, q.s, q.block, q.padded_state,
+       q.padding_layer_state, q.request_status,
+       q.share, q.shares_agree, q.reads, q.reads_ok, q.aggregate_bytes AS transported_bytes, q.max_ok_bytes,
+       CASE WHEN q.shares_agree THEN q.b * q.tokens // q.share + q.s * q.state_blocks // q.share END AS logical,
+       CASE WHEN q.shares_agree
+            THEN _expected_attention_bytes(q.b, q.block, q.tokens, q.share) + q.s * q.state_blocks // q.share
        END AS expected,
-       CASE WHEN x.shares_agree
-            THEN _expected_attention_bytes(q.b, q.block, q.tokens, x.share)
-                 + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, x.share)
+       CASE WHEN q.shares_agree
+            THEN _expected_attention_bytes(q.b, q.block, q.tokens, q.share)
+                 + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, q.share)
        END AS reserved
-FROM _request_reads x
-JOIN _request_model q USING (engine_id, request_id);
+FROM _modelled('_request_rows') q
+WHERE q.has_reads;
 
 -- _excess_request_model: the requests that can hold a read with excess bytes, with their byte
 -- model: the largest successful read exceeds one read's expected bytes by more than the
@@ -173,9 +181,21 @@ WHERE NOT shares_agree OR max_ok_bytes - expected > _t('excess_min_bytes');
 -- _excess_reads: the successful reads that moved more than a correct connector would
 -- (by more than the excess_min_bytes threshold): all the padding and unsharded-state
 -- rules look at, computed once per analysis instead of materialising every read. Only the
--- reads of _excess_request_model's requests are sized.
+-- reads of _excess_request_model's requests are sized, and only the columns those rules read
+-- are kept (the analysis holds these rows in memory: half a million reads on a million requests).
+--
+-- Columns:
+--   engine_id, request_id, rank, remote_engine_id     the read
+--   share, transported_bytes, staging_bytes,
+--   expected_bytes, reserved_bytes, excess_bytes,
+--   padding_gap_bytes, padding_layers_bytes,
+--   expected_attention_bytes, expected_state_bytes,
+--   state_transported_bytes                           as transfer_bytes has them
 CREATE OR REPLACE VIEW _excess_reads AS
-SELECT * FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
+SELECT engine_id, request_id, rank, remote_engine_id, share, transported_bytes, staging_bytes, expected_bytes,
+       reserved_bytes, excess_bytes, padding_gap_bytes, padding_layers_bytes, expected_attention_bytes,
+       expected_state_bytes, state_transported_bytes
+FROM _sized_reads('_excess_request_model') WHERE status = 'ok' AND excess_bytes > _t('excess_min_bytes');
 
 -- _mixed_share_model: the requests whose reads make different shares (reads with other TP
 -- sizes), with their byte model: summed read by read.

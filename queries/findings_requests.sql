@@ -11,12 +11,13 @@
 -- the allocator's padding layers (the evidence's `how` says which).
 CREATE OR REPLACE VIEW finding_padding_leak AS
 WITH leaks AS (
+    -- how the excess is padding, as a number (1: the state as padded pages; 2: and the padding
+    -- layers' pages), named once per finding: a text per read costs more than the rule
     SELECT *,
-           CASE WHEN abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes')
-                THEN 'state sent as padded pages'
+           CASE WHEN abs(excess_bytes - padding_gap_bytes) <= _t('excess_min_bytes') THEN 1
                 WHEN padding_layers_bytes > 0
                      AND abs(excess_bytes - padding_gap_bytes - padding_layers_bytes) <= _t('excess_min_bytes')
-                THEN 'state sent as padded pages, padding layers included' END AS how
+                THEN 2 END AS how
     FROM _excess_reads
     WHERE padding_gap_bytes > 0
 )
@@ -24,16 +25,17 @@ SELECT
     'padding_leak' AS kind, 'warning' AS severity, engine_id, CAST(NULL AS INTEGER) AS rank, request_id,
     min(remote_engine_id) AS remote_engine_id,
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
-    'recurrent ' || CASE WHEN bool_or(how LIKE '%padding layers%') THEN 'state and padding layers'
-                         ELSE 'state' END
+    'recurrent ' || CASE WHEN max(how) = 2 THEN 'state and padding layers' ELSE 'state' END
         || ' crossed as padded allocator pages: ' || sum(excess_bytes) || ' bytes over '
         || count(*) || ' reads beyond what the model needs' AS message,
-    CAST(json_object('reads', count(*), 'transported_bytes', sum(transported_bytes),
-        'expected_bytes', sum(expected_bytes), 'reserved_bytes', sum(reserved_bytes),
-        'excess_bytes', sum(excess_bytes), 'padding_gap_bytes', sum(padding_gap_bytes),
-        'padding_layers_bytes', sum(padding_layers_bytes),
+    CAST(json_object('reads', count(*), 'transported_bytes', _json_int(sum(transported_bytes)),
+        'expected_bytes', _json_int(sum(expected_bytes)), 'reserved_bytes', _json_int(sum(reserved_bytes)),
+        'excess_bytes', _json_int(sum(excess_bytes)), 'padding_gap_bytes', _json_int(sum(padding_gap_bytes)),
+        'padding_layers_bytes', _json_int(sum(padding_layers_bytes)),
         -- how is never null here: one value when the least and the greatest are one
-        'how', CASE WHEN min(how) = max(how) THEN min(how) ELSE 'mixed' END) AS VARCHAR) AS evidence
+        'how', CASE WHEN min(how) <> max(how) THEN 'mixed'
+                    WHEN min(how) = 1 THEN 'state sent as padded pages'
+                    ELSE 'state sent as padded pages, padding layers included' END) AS VARCHAR) AS evidence
 FROM leaks
 WHERE how IS NOT NULL
 GROUP BY engine_id, request_id;
@@ -48,8 +50,8 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'rank ' || rank || ' pulled ' || sum(state_moved_bytes) || ' bytes of state; its shard is '
         || sum(expected_state_bytes) || ' bytes' AS message,
-    CAST(json_object('reads', count(*), 'state_bytes_moved', sum(state_moved_bytes),
-        'state_shard_bytes', sum(expected_state_bytes), 'share', any_value(share)) AS VARCHAR) AS evidence
+    CAST(json_object('reads', count(*), 'state_bytes_moved', _json_int(sum(state_moved_bytes)),
+        'state_shard_bytes', _json_int(sum(expected_state_bytes)), 'share', any_value(share)) AS VARCHAR) AS evidence
 FROM (
     -- the state a read moved: its mamba groups' bytes when the trace breaks the read down
     -- (extra attention blocks are not state), else all beyond whole attention blocks
@@ -74,12 +76,6 @@ HAVING bool_or(use_host_buffer)
     OR (bool_or(kv_buffer_device = 'cpu')
         AND NOT coalesce(bool_or(source_kind = 'trace' AND use_host_buffer = false), false));
 
-CREATE OR REPLACE VIEW _host_buffer_pairs AS
-SELECT p.engine_id, p.remote_engine_id, list(h.engine_id ORDER BY h.engine_id) AS host_engines
-FROM (SELECT DISTINCT engine_id, remote_engine_id FROM transfers) p
-JOIN _host_buffer_engines h ON h.engine_id IN (p.engine_id, p.remote_engine_id)
-GROUP BY ALL;
-
 -- _beyond_reserved: the successful reads of successful requests that moved more than even
 -- the padded pages explain, and say nothing of staging (those are picked up as staged
 -- reads). A failed request's token counts do not say what its reads carried, so its reads
@@ -103,6 +99,20 @@ WHERE transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min
 -- padding layers' included, by more than excess_min_bytes, and not as recurrent state
 -- (that excess is unsharded_state's).
 CREATE OR REPLACE VIEW finding_staging_copy AS
+-- the staged reads: those that say so, and every read of a host-buffer engine
+-- (two scans, not one with OR: the first filter then reaches the Parquet reader, and the
+-- second finds nothing to read when no engine stages)
+WITH staged AS MATERIALIZED (
+    SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
+    FROM transfers
+    WHERE staging_bytes > 0
+    UNION ALL
+    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, t.tp_size,
+           t.remote_tp_size
+    FROM transfers t
+    SEMI JOIN _host_buffer_engines h ON h.engine_id = t.engine_id OR h.engine_id = t.remote_engine_id
+    WHERE NOT coalesce(t.staging_bytes > 0, false)
+)
 SELECT
     'staging_copy' AS kind, 'warning' AS severity, t.engine_id, CAST(NULL AS INTEGER) AS rank, t.request_id,
     min(t.remote_engine_id) AS remote_engine_id,
@@ -116,34 +126,34 @@ SELECT
               || ' bytes crossed beyond every page the allocator holds for the request: the transport '
               || 'counted more than KV (copies through a staging path)' END
         AS message,
-    CAST(json_object('reads', count(*), 'staging_bytes', sum(t.staging_bytes),
-        'transported_bytes', sum(t.transported_bytes), 'reserved_bytes', sum(t.reserved_bytes),
+    CAST(json_object('reads', count(*), 'staging_bytes', _json_int(sum(t.staging_bytes)),
+        'transported_bytes', _json_int(sum(t.transported_bytes)), 'reserved_bytes', _json_int(sum(t.reserved_bytes)),
         'host_buffer_engines', coalesce(any_value(t.host_engines), []),
-        'padding_layers_bytes', sum(t.padding_layers_bytes),
+        'padding_layers_bytes', _json_int(sum(t.padding_layers_bytes)),
         -- beyond every page the allocator holds for the request, padding layers' included
         'copies_counted_in_transport',
         coalesce(sum(t.transported_bytes) > sum(t.reserved_bytes) + sum(t.padding_layers_bytes), false)) AS VARCHAR)
         AS evidence
 FROM (
-    -- the staged reads, sized here (the reserved bytes as transfer_bytes has them); the reads
-    -- are picked by engine before the pairs are joined: an outer join of every read with the
-    -- (usually empty) pairs costs more than the whole rule
-    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, h.host_engines,
+    -- the staged reads, sized here (the reserved bytes as transfer_bytes has them)
+    SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes,
+           -- the pair's engines that stage through host memory, by name
+           CASE WHEN h.engine_id IS NOT NULL OR r.engine_id IS NOT NULL
+                THEN list_sort(list_distinct(list_filter([h.engine_id, r.engine_id], lambda x: x IS NOT NULL))) END
+               AS host_engines,
            _expected_attention_bytes(q.b, q.block, q.tokens, _share(t.tp_size, t.remote_tp_size))
            + _reserved_state_bytes(q.padded_state, q.s, q.state_blocks, _share(t.tp_size, t.remote_tp_size))
                AS reserved_bytes,
            coalesce(q.padding_layer_state, 0) * q.state_blocks // _share(t.tp_size, t.remote_tp_size)
                AS padding_layers_bytes
-    FROM (
-        SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
-        FROM transfers
-        WHERE staging_bytes > 0
-           OR engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-           OR remote_engine_id IN (SELECT engine_id FROM _host_buffer_engines)
-    ) t
-    LEFT JOIN _host_buffer_pairs h USING (engine_id, remote_engine_id)
-    -- the byte model of each request with reads, as the analysis holds it once
-    LEFT JOIN _sized_requests q USING (engine_id, request_id)
+    FROM staged t
+    -- a host-buffer engine on either side (a join to the few such engines, not to every pair)
+    LEFT JOIN _host_buffer_engines h ON h.engine_id = t.engine_id
+    LEFT JOIN _host_buffer_engines r ON r.engine_id = t.remote_engine_id
+    -- the byte model of the staged requests: picked from the sized requests first, so that
+    -- the join is built on the few staged requests, not on every request
+    LEFT JOIN (SELECT * FROM _sized_requests SEMI JOIN staged USING (engine_id, request_id)) q
+        ON q.engine_id = t.engine_id AND q.request_id = t.request_id
     UNION ALL BY NAME
     -- the reads beyond every reserved page, sized once already (_excess_reads)
     SELECT * FROM _beyond_reserved
@@ -180,7 +190,7 @@ SELECT
     CAST(NULL AS DOUBLE) AS start_ts, CAST(NULL AS DOUBLE) AS end_ts,
     'posting ' || descriptors || ' descriptors took ' || round(100 * post_s / xfer_s, 1)
         || '% of the transfer time' AS message,
-    CAST(json_object('reads', timed_reads, 'descriptors', descriptors, 'post_s', post_s,
+    CAST(json_object('reads', timed_reads, 'descriptors', _json_int(descriptors), 'post_s', post_s,
         'xfer_s', xfer_s, 'bytes_per_descriptor', timed_bytes / nullif(descriptors, 0)) AS VARCHAR) AS evidence
 FROM _request_reads
 WHERE timed_reads > 0 AND post_s / xfer_s >= _t('descriptor_post_share');
@@ -196,12 +206,12 @@ SELECT
     CAST(json_object('source', any_value(source), 'reads', count(*)) AS VARCHAR) AS evidence
 FROM (
     SELECT engine_id, rank, request_id, remote_engine_id, 'trace' AS source
-    FROM transfers WHERE status = 'failed'
+    FROM _unsuccessful_reads WHERE status = 'failed'
     UNION ALL
     -- each side filtered before its anti join: a correlated NOT EXISTS costs twice as much
     SELECT engine_id, CAST(NULL AS INTEGER), request_id, remote_engine_id, 'trace' AS source
-    FROM (SELECT engine_id, request_id, remote_engine_id FROM requests WHERE status = 'failed')
-    ANTI JOIN (SELECT engine_id, request_id FROM transfers WHERE status = 'failed') USING (engine_id, request_id)
+    FROM (SELECT engine_id, request_id, remote_engine_id FROM _unsuccessful_requests WHERE status = 'failed')
+    ANTI JOIN (SELECT engine_id, request_id FROM _unsuccessful_reads WHERE status = 'failed') USING (engine_id, request_id)
     -- a failure line naming the request says which rank: that one finding is the failure
     ANTI JOIN (SELECT engine_id, request_id FROM log_events WHERE kind = 'transfer_failed')
         USING (engine_id, request_id)
@@ -209,7 +219,7 @@ FROM (
     SELECT e.engine_id, e.rank, e.request_id, e.remote_engine_id, 'log' AS source
     FROM (SELECT engine_id, rank, request_id, remote_engine_id FROM log_events
           WHERE kind = 'transfer_failed' AND request_id IS NOT NULL) e
-    ANTI JOIN (SELECT request_id FROM transfers WHERE status = 'failed') USING (request_id)
+    ANTI JOIN (SELECT request_id FROM _unsuccessful_reads WHERE status = 'failed') USING (request_id)
 )
 GROUP BY engine_id, rank, request_id, remote_engine_id;
 
@@ -226,16 +236,22 @@ SELECT
     CAST(json_object('sources', list(DISTINCT source ORDER BY source)) AS VARCHAR) AS evidence
 FROM (
     SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
-    FROM requests WHERE status = 'expired'
+    FROM _unsuccessful_requests WHERE status = 'expired'
     UNION ALL
     SELECT engine_id, request_id, remote_engine_id, 'trace' AS source
-    FROM transfers WHERE status = 'expired'
+    FROM _unsuccessful_reads WHERE status = 'expired'
     UNION ALL
     SELECT coalesce(r.engine_id, e.engine_id), coalesce(r.request_id, e.request_id),
            coalesce(r.remote_engine_id, e.engine_id),
            CASE WHEN e.process = 'trace' THEN 'trace' ELSE 'log' END AS source
     FROM log_events e
-    LEFT JOIN requests r ON r.remote_request_id = e.request_id
+    -- the requests the lines can name, picked before the join: a join to every request costs
+    -- more than the rule
+    LEFT JOIN (
+        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM requests
+        WHERE remote_request_id IN (
+            SELECT request_id FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined'))
+    ) r ON r.remote_request_id = e.request_id
     WHERE e.kind IN ('kv_expired', 'kv_expired_declined')
     -- prefill ids are unique per prefill engine only: when a request read from the engine
     -- that logged the line matches, requests from other prefill engines with that id do not
@@ -257,19 +273,16 @@ GROUP BY engine_id, request_id;
 -- @column read_bytes           one read's expected bytes (attention blocks, state blocks, at the TP share)
 CREATE OR REPLACE VIEW _untimed_handoffs AS
 WITH untimed AS (
-    SELECT r.*, _share(d.tp_size, coalesce(p.tp_size, d.tp_size)) AS share
-    FROM requests r
-    JOIN engine_models d ON d.engine_id = r.engine_id AND d.error IS NULL
-    LEFT JOIN engine_models p ON p.engine_id = r.remote_engine_id AND p.error IS NULL
-    WHERE coalesce(r.status, 'ok') = 'ok'
-      AND NOT EXISTS (SELECT 1 FROM _request_reads x WHERE x.engine_id = r.engine_id
-                      AND x.request_id = r.request_id AND x.critical_path_s IS NOT NULL)
+    -- no successful timed read: none at all, or none with a critical path
+    SELECT q.*, _share(q.model_tp_size, coalesce(p.tp_size, q.model_tp_size)) AS untimed_share
+    FROM _modelled('_request_rows') q
+    LEFT JOIN engine_models p ON p.engine_id = q.remote_engine_id AND p.error IS NULL
+    WHERE coalesce(q.status, 'ok') = 'ok' AND q.critical_path_s IS NULL
 )
-SELECT u.engine_id, u.request_id, u.remote_engine_id, u.missing_tokens, u.prefill_s AS measured_prefill_s,
-       _expected_attention_bytes(q.b, q.block, coalesce(q.tokens, u.missing_tokens), u.share)
-       + q.s * q.state_blocks // u.share AS read_bytes
-FROM untimed u
-JOIN _request_model q USING (engine_id, request_id);
+SELECT engine_id, request_id, remote_engine_id, missing_tokens, prefill_s AS measured_prefill_s,
+       _expected_attention_bytes(b, block, coalesce(tokens, missing_tokens), untimed_share)
+       + s * state_blocks // untimed_share AS read_bytes
+FROM untimed;
 
 -- _fitted_handoffs: the handoffs with no measured transfer time (a request record of a
 -- successful request, and no successful timed read of it: the reads are not in the trace),

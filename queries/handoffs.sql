@@ -13,6 +13,21 @@ WHERE kind = 'engine_stats'
 GROUP BY ALL
 HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) > 0;
 
+-- _unsuccessful_reads: the reads that failed or expired, the few the failure and expiry
+-- rules read (a view of its own: the analysis computes it once, not once per rule).
+--
+-- Columns:
+--   engine_id, rank, request_id, remote_engine_id, status   as in transfers
+CREATE OR REPLACE VIEW _unsuccessful_reads AS
+SELECT engine_id, rank, request_id, remote_engine_id, status FROM transfers WHERE status IN ('failed', 'expired');
+
+-- _unsuccessful_requests: the request records that say the transfer failed or expired.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id, status   as in requests
+CREATE OR REPLACE VIEW _unsuccessful_requests AS
+SELECT engine_id, request_id, remote_engine_id, status FROM requests WHERE status IN ('failed', 'expired');
+
 -- _request_reads: every request's reads in one pass over `transfers` (no request record
 -- needed), shared by handoffs, slow_rank and descriptor_bound.
 --
@@ -48,6 +63,28 @@ SELECT engine_id, request_id,
 FROM transfers
 GROUP BY engine_id, request_id;
 
+-- _request_rows: every request record beside its reads grouped once (_request_reads), null
+-- where it has none: handoffs, the sized requests and the untimed handoffs each read these
+-- rows, so that an analysis joins the records to the reads once, not once for each.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id,
+--   status, missing_tokens, transferred_tokens,
+--   reused_tokens, recomputed_tokens,
+--   boundary_tokens, state_blocks, prefill_s     as in requests (the columns the byte model and handoffs read)
+--   has_reads                                   whether the trace holds a read of the request
+--   reads, ranks, critical_path_s, slowest_rank,
+--   critical_bytes, aggregate_bytes, reads_ok,
+--   max_ok_bytes, share, shares_agree           as _request_reads has them
+CREATE OR REPLACE VIEW _request_rows AS
+SELECT r.engine_id, r.request_id, r.remote_engine_id, r.status, r.missing_tokens, r.transferred_tokens,
+       r.reused_tokens, r.recomputed_tokens, r.boundary_tokens, r.state_blocks, r.prefill_s,
+       x.engine_id IS NOT NULL AS has_reads,
+       x.reads, x.ranks, x.critical_path_s, x.slowest_rank, x.critical_bytes, x.aggregate_bytes, x.reads_ok,
+       x.max_ok_bytes, x.share, x.shares_agree
+FROM requests r
+LEFT JOIN _request_reads x ON x.engine_id = r.engine_id AND x.request_id = r.request_id;
+
 -- handoffs: one row per request with reads.
 --
 -- The usable boundary is boundary_tokens; reused_tokens is what it saved. X is the critical
@@ -79,17 +116,17 @@ CREATE OR REPLACE VIEW handoffs AS
 SELECT
     r.engine_id, r.request_id, r.remote_engine_id, r.status,
     r.missing_tokens, r.transferred_tokens, r.reused_tokens, r.recomputed_tokens, r.boundary_tokens, r.state_blocks,
-    x.reads, x.ranks, x.critical_path_s, x.slowest_rank, x.critical_bytes, x.aggregate_bytes,
+    r.reads, r.ranks, r.critical_path_s, r.slowest_rank, r.critical_bytes, r.aggregate_bytes,
     coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0), r.missing_tokens / p.tokens_per_s)
         AS prefill_s,
     CASE WHEN r.prefill_s IS NOT NULL THEN 'measured'
          WHEN _t('prefill_tokens_per_s') > 0 THEN 'configured'
          WHEN p.tokens_per_s IS NOT NULL THEN 'estimated' END AS prefill_source,
-    x.critical_path_s - coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
+    r.critical_path_s - coalesce(r.prefill_s, r.missing_tokens / nullif(_t('prefill_tokens_per_s'), 0),
                                  r.missing_tokens / p.tokens_per_s) AS transfer_minus_prefill_s
-FROM requests r
-JOIN _request_reads x USING (engine_id, request_id)
-LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id;
+FROM _request_rows r
+LEFT JOIN _peak_prefill_rate p ON p.engine_id = r.engine_id
+WHERE r.has_reads;
 
 -- _timed_prefill_handoffs: how many handoffs have a prefill time, measured or predicted from
 -- the prompt rate (recompute_cheaper's inputs; the incremental analysis keeps the count).

@@ -1,5 +1,5 @@
 -- native_bytes: what the native metrics (no connector trace) can say about padding.
--- include: intervals
+-- include: intervals, handoffs
 --
 -- An interval reports n successful reads and their bytes: exactly from Prometheus (the
 -- growth of vllm:nixl_bytes_transferred_sum), or from the log's `Avg MB per transfer`,
@@ -217,20 +217,20 @@ GROUP BY engine_id;
 CREATE OR REPLACE VIEW _named_trace_events AS
 SELECT engine_id, 'failed' AS event, count(*) AS named
 FROM (
-    SELECT engine_id FROM transfers WHERE status = 'failed'
+    SELECT engine_id FROM _unsuccessful_reads WHERE status = 'failed'
     UNION ALL
     -- both sides filtered before the anti join: a correlated NOT EXISTS costs twice as much
     SELECT engine_id
-    FROM (SELECT engine_id, request_id FROM requests WHERE status = 'failed')
-    ANTI JOIN (SELECT engine_id, request_id FROM transfers WHERE status = 'failed') USING (engine_id, request_id)
+    FROM (SELECT engine_id, request_id FROM _unsuccessful_requests WHERE status = 'failed')
+    ANTI JOIN (SELECT engine_id, request_id FROM _unsuccessful_reads WHERE status = 'failed') USING (engine_id, request_id)
 )
 GROUP BY engine_id
 UNION ALL
 SELECT remote_engine_id, 'expired', count(*)
 FROM (
-    SELECT remote_engine_id, engine_id, request_id FROM requests WHERE status = 'expired'
+    SELECT remote_engine_id, engine_id, request_id FROM _unsuccessful_requests WHERE status = 'expired'
     UNION
-    SELECT remote_engine_id, engine_id, request_id FROM transfers WHERE status = 'expired'
+    SELECT remote_engine_id, engine_id, request_id FROM _unsuccessful_reads WHERE status = 'expired'
 )
 GROUP BY remote_engine_id;
 

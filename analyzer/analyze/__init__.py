@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
-from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, VERIFY_KINDS
+from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
 from hybridtrace.analyze.view_swap import swapped_views, view_sqls
@@ -55,12 +55,40 @@ _INPUT_TABLES = (
 # among them: materialising 25 columns of every read costs more than the one pass over it
 # that the analysis makes (the reads of the requests that can hold excess bytes; the totals
 # are summed from each request's reads grouped once). The report, which reads them more
-# often, adds them.
+# often, adds them. Nor are handoffs and the sized requests: each is a projection of the
+# request rows (a request record beside its reads), and a copy of a million of them costs
+# more than the two or three scans the rules make of the rows.
 ANALYSIS_VIEWS = (
-    "_request_reads", "_sized_requests", "_accounting_totals", "_excess_request_model", "_excess_reads",
-    "handoffs", "_untimed_handoffs", "intervals", "_untraced_interval_bytes", "_rank_windows",
-)  # fmt: skip
-SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS)
+    "_unsuccessful_reads",
+    "_unsuccessful_requests",
+    "_request_reads",
+    "_request_rows",
+    "_accounting_totals",
+    "_excess_request_model",
+    "_excess_reads",
+    "_untimed_handoffs",
+    "_prom_deltas",
+    "intervals",
+    "_untraced_interval_bytes",
+    "_rank_windows",
+    "_config_pairs",
+)
+SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report reads handoffs often
+# The same for an incremental analysis, whose rules run on the merged state: what they read
+# is small there, and what costs is planning each rule with every view it reads expanded in
+# it (a few milliseconds a view, many times over); a table is planned as one.
+MERGED_VIEWS = (
+    "_prom_deltas",
+    "intervals",
+    "_untraced_interval_bytes",
+    "_counted_events",
+    "_named_events",
+    "_engine_settings",
+    "_handshake_mismatches",
+    "_rank_windows",
+    "_rank_fit_verdicts",
+    "_other_engines",
+)
 
 _ORDER_BY = (
     "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
@@ -198,7 +226,7 @@ def analyze(
             _settle(con)
             with (
                 incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
-                materialized(con, ("intervals", "_untraced_interval_bytes")),
+                materialized(con, MERGED_VIEWS),
             ):
                 stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
                 return _analyze(con, stored=stored)
@@ -236,11 +264,16 @@ def _analyze(
     # What the trace writers said they dropped (their `dropped` records): how incomplete the
     # trace the rules read is.
     counted_inputs["trace_records_dropped"] = _TRACE_DROPPED
+    # the rules with nothing to judge (no engine of the kind they judge): not run, no inputs
+    required = {rule.name: rule.requires for rule in RULES if rule.requires}
+    counted_inputs.update({f"requires {name}": sql for name, sql in required.items()})
     inputs = _scalars(con, counted_inputs)
+    idle = {name for name in required if inputs.pop(f"requires {name}") == 0}
     # Every rule's view in one table: DuckDB runs the union in parallel, and nothing crosses
     # into Python row by row.
     views = [rule.view for rule in _FIRST_RULES]
     relation, skipped, stored_counts = stored if stored is not None else (None, (), None)
+    skipped = (*skipped, *(RULES_BY_NAME[name].view for name in idle))
     union = " UNION ALL BY NAME ".join(
         f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in views if v not in skipped
     )
@@ -292,8 +325,10 @@ def _analyze(
             f"CREATE TEMP VIEW {kept} AS SELECT * FROM {kept}_new UNION ALL BY NAME SELECT * FROM {relation}"
         )
     # the later rules' inputs counted above are not counted again
-    others = {rule.name: rule.inputs for rule in RULES if rule.name not in later_inputs}
-    seen = later_inputs | _scalars(con, others)
+    others = {
+        rule.name: rule.inputs for rule in RULES if rule.name not in later_inputs and rule.name not in idle
+    }
+    seen = later_inputs | dict.fromkeys(idle, 0) | _scalars(con, others)
     rules = {
         rule.name: {"inputs": seen[rule.name], "findings": per_view[rule.view], "kinds": list(rule.kinds)}
         for rule in RULES

@@ -74,6 +74,30 @@ _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
 STATE_VERSION = 4
+# The views the scope's rules share, computed once each (in this order: each reads the ones
+# before it). Over the whole store, those that save a pass over the reads. Over a scope cut
+# to a few requests every one is small, and what costs is planning: a rule's view is planned
+# with every view it reads expanded in it, a few milliseconds each, many times over (the
+# rules read the request model and the sized requests a dozen times); a table is planned as one.
+_WHOLE_VIEWS = (
+    "_unsuccessful_reads",
+    "_unsuccessful_requests",
+    "_request_reads",
+    "_request_rows",
+    "_excess_reads",
+)
+_CUT_VIEWS = (
+    "_host_buffer_engines",
+    "_peak_prefill_rate",
+    "_request_model",
+    "_request_reads",
+    "_request_rows",
+    "_sized_requests",
+    "_excess_request_model",
+    "_excess_reads",
+    "transfer_bytes",
+    "handoffs",
+)
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -420,9 +444,10 @@ class IncrementalRun:
         con.execute("CREATE OR REPLACE TEMP MACRO _key(e, r) AS "
                     "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
         with ExitStack() as stack:
-            if (not self.full) if cut is None else cut:
+            cutting = (not self.full) if cut is None else cut
+            if cutting:
                 stack.enter_context(_cut_to_scope(con))
-            stack.enter_context(materialized(con, ("_excess_reads", "_request_reads", "handoffs")))
+            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
                 f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS
@@ -475,10 +500,15 @@ class IncrementalRun:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
             with swapped_views(con, {"_untimed_handoffs": untimed}):
-                con.execute(
-                    "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
-                    f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
-                )
+                # once, for the findings and for recompute_cheaper's inputs
+                con.execute("CREATE OR REPLACE TEMP TABLE _fitted_now AS SELECT * FROM _fitted_handoffs")
+                fitted = {"_fitted_handoffs": "SELECT * FROM _fitted_now"}
+                with swapped_views(con, fitted):
+                    con.execute(
+                        "CREATE OR REPLACE TEMP TABLE _fitted_findings AS SELECT "
+                        f"'finding_recompute_cheaper' AS rule, {_COLUMNS} FROM _recompute_cheaper_fitted"
+                    )
+            replacements.update(fitted)
             con.execute(
                 f"CREATE OR REPLACE TEMP VIEW {CURRENT_FINDINGS} AS SELECT * FROM _merged_findings "
                 "UNION ALL BY NAME SELECT * FROM _fitted_findings"
@@ -487,7 +517,7 @@ class IncrementalRun:
             with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
-            for table in ("_transfer_pairs", "_state_config_pairs"):
+            for table in ("_transfer_pairs", "_state_config_pairs", "_fitted_now"):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- the state written -----------------------------------------------------------

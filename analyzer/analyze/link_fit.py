@@ -23,10 +23,24 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import polars as pl
-
 if TYPE_CHECKING:
+    import polars as pl
     import pyarrow as pa
+
+
+class _Polars:
+    """polars, imported when a fit is first computed: opening a store reads the fits kept
+    for its files (``stored_link_fits``), and importing polars took a third of the open."""
+
+    def __getattr__(self, name: str):
+        import polars
+
+        globals()["pl"] = polars
+        return getattr(polars, name)
+
+
+if not TYPE_CHECKING:
+    pl = _Polars()
 
 ITERATIONS = 50
 MIN_TRANSFERS = 8
@@ -277,13 +291,15 @@ def fit_from_store(con, *, pair: tuple[str, str] | None = None, rank: int | None
     return fit_link(frame, descriptors=None), f"{frame.height} NIXL ring transfers"
 
 
-_FIT_TYPES = {
-    "scope": pl.String, "engine_id": pl.String, "remote_engine_id": pl.String, "rank": pl.Int32,
-    "link": pl.String, "source": pl.String, "reads": pl.Int64, "transfers_used": pl.Int64,
-    "fixed_s": pl.Float64,
-    "bandwidth_bytes_per_s": pl.Float64, "per_descriptor_s": pl.Float64, "bytes_per_descriptor": pl.Float64,
-    "median_error_pct": pl.Float64, "note": pl.String,
-}  # fmt: skip
+def _fit_types() -> dict:
+    # a function, not a constant: the types are polars', imported when first fitted
+    return {
+        "scope": pl.String, "engine_id": pl.String, "remote_engine_id": pl.String, "rank": pl.Int32,
+        "link": pl.String, "source": pl.String, "reads": pl.Int64, "transfers_used": pl.Int64,
+        "fixed_s": pl.Float64, "bandwidth_bytes_per_s": pl.Float64, "per_descriptor_s": pl.Float64,
+        "bytes_per_descriptor": pl.Float64,
+        "median_error_pct": pl.Float64, "note": pl.String,
+    }  # fmt: skip
 _GROUPS = {  # the keys each scope groups the reads by (those left out are null in its rows)
     "rank": ("engine_id", "remote_engine_id", "rank", "link"),
     "pair": ("engine_id", "remote_engine_id"),
@@ -492,7 +508,7 @@ def link_fits_frame(con) -> pl.DataFrame:
             "median_error_pct": fit.median_abs_error_pct, "note": fit.note,
         })  # fmt: skip
     rows += _bench_fits(con)
-    return pl.DataFrame(rows, schema=_FIT_TYPES) if rows else pl.DataFrame(schema=_FIT_TYPES)
+    return pl.DataFrame(rows, schema=_fit_types()) if rows else pl.DataFrame(schema=_fit_types())
 
 
 def _group_sample(con, source: str, group: pl.DataFrame, keys: tuple, values: tuple,

@@ -65,6 +65,10 @@ class Rule:
     # (with after_others) every finding it raises is one of its inputs: with none counted, it
     # is not run, as its view would still read all it joins them to
     needs_inputs: bool = False
+    # SQL counting what the rule's view needs in order to raise anything at all (the engines
+    # of another kind it judges); at 0 the view is not run and its inputs count 0: the view
+    # would read every row of the store only to join it to nothing
+    requires: str = ""
     # tests that exercise it beside its cases under tests/cases/finding_<name>/, as
     # "tests/<file>.py::<test>" (a rule needs one or the other)
     tests: tuple[str, ...] = ()
@@ -153,7 +157,7 @@ RULES: tuple[Rule, ...] = (
     Rule("reported_bytes_excess", "findings_other_engines", ("reported_bytes_excess",),
          "sending rank + request", "SELECT count(*) FROM reported_bytes WHERE unsized IS NULL",
          "TensorRT-LLM and SGLang ranks' reported byte counts the byte model sizes",
-         ("link_bytes_per_s",)),
+         ("link_bytes_per_s",), requires="SELECT count(*) FROM _other_engines"),
     # the outputs compared: a prompt that got no answer was not
     Rule("output_mismatch", "findings_verify", ("output_mismatch",), "request",
          "SELECT count(*) FROM verifications WHERE status <> 'error'", "outputs compared", after_others=True,

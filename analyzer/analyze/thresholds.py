@@ -118,7 +118,22 @@ def load(path: str | Path | None = None) -> dict[str, float]:
 
 
 def install(con: duckdb.DuckDBPyConnection, values: dict[str, float] | None = None) -> None:
-    """(Re)create the ``_thresholds`` table the rules read."""
+    """(Re)create the ``_thresholds`` table, and the ``_t`` macro the rules read it through.
+
+    ``_t`` is redefined to hold the values as literals (``_macros.sql`` defines it as a
+    look-up of the table, for a connection without them). A look-up is a subquery that every
+    use binds and plans again, about a millisecond each: dozens of uses per statement made
+    planning most of an incremental run's cost. A literal is folded into a constant, and a
+    filter on it reaches the Parquet scans.
+    """
     values = values or DEFAULTS
     con.execute("CREATE OR REPLACE TABLE _thresholds (name VARCHAR, value DOUBLE)")
-    con.executemany("INSERT INTO _thresholds VALUES (?, ?)", [(k, float(v)) for k, v in values.items()])
+    rows = [(k, float(v)) for k, v in values.items()]
+    con.executemany("INSERT INTO _thresholds VALUES (?, ?)", rows)
+    cases = " ".join(f"WHEN {_quoted(k)} THEN CAST('{v!r}' AS DOUBLE)" for k, v in rows)
+    con.execute(f"CREATE OR REPLACE MACRO _t(n) AS CASE n {cases} END" if rows else
+                "CREATE OR REPLACE MACRO _t(n) AS CAST(NULL AS DOUBLE)")  # fmt: skip
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
