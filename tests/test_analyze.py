@@ -80,6 +80,9 @@ def test_thresholds_from_a_config_file(tmp_path):
     config = tmp_path / "hybridtrace.toml"
     config.write_text("[thresholds]\ndescriptor_post_share = 0.9999\n")
     assert analyze(con, config=str(config)).summary["findings_by_kind"]["descriptor_bound"] == 0
+    # the rules read the thresholds as literals (thresholds.install): each analysis installs its own
+    assert analyze(con).summary["findings_by_kind"]["descriptor_bound"] > 0
+    assert con.sql("SELECT _t('descriptor_post_share')").fetchall() == [(0.5,)]
 
 
 def test_cli_exit_codes(tmp_path):
