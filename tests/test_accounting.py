@@ -96,6 +96,27 @@ def test_a_read_with_no_valid_tp_size_has_no_share(store):
     assert shares.fetchall() == [(2, 1, None, None, None)]
 
 
+def test_rank_count_counts_distinct_ranks_up_to_126_in_either_word(store):
+    # two 64-bit sets: a rank in the second (64..126) counts, one outside 0..126 does not,
+    # and a group with no rank in range has no count
+    got = store.sql(
+        "SELECT g, _rank_count(r) FROM (VALUES (1, 0), (1, 0), (1, 5), (2, NULL), (3, 63), (3, 64), (3, 126),"
+        " (4, 127), (4, -1), (5, 3), (5, 70), (6, 65)) t(g, r) GROUP BY g ORDER BY g"
+    ).fetchall()
+    assert got == [(1, 2), (2, None), (3, 3), (4, None), (5, 2), (6, 1)]
+
+
+def test_json_int_writes_a_sum_as_json_writes_it_within_64_bits_and_beyond(store):
+    # the evidence's sums: 64-bit where they fit, the 128-bit text beyond, null as null
+    for value in ("5", "-9223372036854775808", "9223372036854775807", "9223372036854775808",
+                  "170141183460469231731687303715884105727", "NULL"):  # fmt: skip
+        as_is, converted = store.sql(
+            f"SELECT CAST(json_object('x', CAST({value} AS HUGEINT)) AS VARCHAR), "
+            f"CAST(json_object('x', _json_int(CAST({value} AS HUGEINT))) AS VARCHAR)"
+        ).fetchall()[0]
+        assert converted == as_is, value
+
+
 def test_a_request_recorded_twice_counts_its_reads_once(tmp_path):
     # A connector that writes a request's record again later (here with its final status)
     # must not make every read of it join twice: the latest record stands.

@@ -80,6 +80,9 @@ def test_thresholds_from_a_config_file(tmp_path):
     config = tmp_path / "hybridtrace.toml"
     config.write_text("[thresholds]\ndescriptor_post_share = 0.9999\n")
     assert analyze(con, config=str(config)).summary["findings_by_kind"]["descriptor_bound"] == 0
+    # the rules read the thresholds as literals (thresholds.install): each analysis installs its own
+    assert analyze(con).summary["findings_by_kind"]["descriptor_bound"] > 0
+    assert con.sql("SELECT _t('descriptor_post_share')").fetchall() == [(0.5,)]
 
 
 def test_cli_exit_codes(tmp_path):
@@ -136,3 +139,18 @@ def test_pure_mamba_models_are_accounted(tmp_path):
     found = analyze(con).summary
     assert found["findings_by_kind"]["unsharded_state"] == truth["summary"]["injected"]["unsharded_state"]
     assert found["transported_over_expected"] is not None
+
+
+def test_a_nested_materialization_of_a_view_swapped_in_between_leaves_the_outer_copy(tmp_path):
+    from hybridtrace.analyze import materialized
+    from hybridtrace.analyze.view_swap import swapped_views
+
+    store = Store(tmp_path / "s")
+    store.init()
+    con = store.connect()
+    con.execute("CREATE TEMP VIEW _v AS SELECT 1 AS a")
+    with materialized(con, ("_v",)):
+        with swapped_views(con, {"_v": "SELECT 2 AS a"}), materialized(con, ("_v",)):
+            assert con.sql("SELECT a FROM _v").fetchall() == [(2,)]
+        assert con.sql("SELECT a FROM _v").fetchall() == [(1,)]
+    assert con.sql("SELECT a FROM _v").fetchall() == [(1,)]

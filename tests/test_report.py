@@ -225,3 +225,20 @@ def test_report_with_no_logical_bytes(tmp_path):
     ingest([tmp_path / "in"], tmp_path / "s", model="nemotron-nano-12b-v2")
     data = collect(Store(tmp_path / "s").connect(), store="s")
     assert "hybridtrace report" in render_html(data) and render_markdown(data).startswith("### hybridtrace")
+
+
+def test_a_report_whose_request_scope_is_computed_elsewhere_equals_one_computed_here(demo_store):
+    # the path of `report --engine spark` without Spark: the report's shared views are made
+    # into tables, then the analysis swaps some of them for its merged state and makes tables
+    # of its own; the report must read its copies back afterwards (a table of the same name
+    # once replaced the report's copy of _rank_windows, and the report failed)
+    from hybridtrace.store.analysis import open_analysis
+
+    here = collect(open_analysis(demo_store), store=str(demo_store))
+    elsewhere = collect(
+        open_analysis(demo_store), store=str(demo_store), scope=lambda run: run.compute_scope()
+    )
+    assert elsewhere.analysis.summary == here.analysis.summary
+    assert elsewhere.analysis.table.equals(here.analysis.table)
+    assert elsewhere.ranks == here.ranks
+    assert elsewhere.engines == here.engines

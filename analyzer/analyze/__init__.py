@@ -99,6 +99,7 @@ _ORDER_BY = (
 )
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 _RESULTS = _counter(1)  # names the findings tables of the analyses of one process
+_SNAPSHOTS = _counter(1)  # names the tables materialized() computes views into
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # Per connection, the analyses whose findings are not read yet (``_settle``).
 _UNREAD: dict[int, weakref.WeakSet] = {}
@@ -117,11 +118,14 @@ def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED
         sqls = view_sqls(con, list(names))
         for name in names:
             sql = sqls.get(name)
-            if sql is None or f"_snapshot_{name}" in sql:
+            if sql is None or f"_snapshot_{name}_" in sql:
                 continue  # no such view, or an enclosing call holds it already
-            stack.callback(con.execute, f"DROP TABLE IF EXISTS _snapshot_{name}")
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _snapshot_{name} AS SELECT * FROM {name}")
-            stack.enter_context(swapped_views(con, {name: f"SELECT * FROM _snapshot_{name}"}))
+            # a name of its own: an enclosing call may hold a copy of the view as it was before
+            # something swapped it (the incremental analysis' merged state), and needs it back
+            table = f"_snapshot_{name}_{next(_SNAPSHOTS)}"
+            stack.callback(con.execute, f"DROP TABLE IF EXISTS {table}")
+            con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
+            stack.enter_context(swapped_views(con, {name: f"SELECT * FROM {table}"}))
         yield
 
 
