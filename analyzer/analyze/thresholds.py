@@ -130,10 +130,6 @@ def install(con: duckdb.DuckDBPyConnection, values: dict[str, float] | None = No
     con.execute("CREATE OR REPLACE TABLE _thresholds (name VARCHAR, value DOUBLE)")
     rows = [(k, float(v)) for k, v in values.items()]
     con.executemany("INSERT INTO _thresholds VALUES (?, ?)", rows)
-    cases = " ".join(f"WHEN {_quoted(k)} THEN CAST('{v!r}' AS DOUBLE)" for k, v in rows)
-    con.execute(f"CREATE OR REPLACE MACRO _t(n) AS CASE n {cases} END" if rows else
-                "CREATE OR REPLACE MACRO _t(n) AS CAST(NULL AS DOUBLE)")  # fmt: skip
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    # the names are THRESHOLDS' own (load refuses any other), so they need no quoting
+    cases = " ".join(f"WHEN '{k}' THEN CAST('{v!r}' AS DOUBLE)" for k, v in rows)
+    con.execute(f"CREATE OR REPLACE MACRO _t(n) AS CASE n {cases} END")
