@@ -213,6 +213,51 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
         assert kept and kept == listed.fetchall()
 
 
+def test_a_run_with_nothing_new_reuses_the_last_runs_rows_instead_of_running_the_rules(bundle, tmp_path):
+    """With nothing new, the scope tables come from the last committed run: the rows the rules
+    would give again (those that name no request, recomputed every run), without running them."""
+    from hybridtrace.analyze.incremental import IncrementalRun
+
+    job = Growing(bundle, tmp_path)
+    job.add("models", "decode-0/metrics-*")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)
+    job.grow(0.6, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)  # the last committed run: seq 2
+    con = Store(job.store).connect()
+    from hybridtrace.analyze.thresholds import install, load
+
+    install(con, load(None))
+    run = IncrementalRun(con, Store(job.store), full=False)
+    run.plan()
+    assert run.unchanged() and run.seq == 3
+    tables = ("_scope_findings", "_scope_rollups", "_scope_days", "_scope_window_rows")
+
+    def rows() -> dict[str, list]:
+        return {t: sorted(map(repr, con.sql(f"SELECT * FROM {t}").fetchall())) for t in tables}
+
+    def columns() -> dict[str, list]:
+        return {t: [(d[0], str(d[1])) for d in con.sql(f"SELECT * FROM {t}").description] for t in tables}
+
+    run.compute_scope()
+    computed, computed_columns = rows(), columns()
+    run.reuse_scope()
+    assert rows() == computed and columns() == computed_columns
+    # and the analysis' own run takes that path, with the result of a full analysis
+    original = IncrementalRun.compute_scope
+
+    def refused(self, **kwargs):
+        raise AssertionError("the rules ran with nothing new")
+
+    IncrementalRun.compute_scope = refused
+    try:
+        assert _check(job.store)["seq"] == 2
+    finally:
+        IncrementalRun.compute_scope = original
+
+
 def test_state_tables_are_partitioned_like_the_data():
     for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_counts"):
         assert table_schema(name).partition == ("day", "engine_id")

@@ -311,7 +311,9 @@ class IncrementalRun:
         same four tables on this connection.
         """
         con = self.con
-        if scope is None:
+        if scope is None and self.unchanged():
+            self.reuse_scope()
+        elif scope is None:
             self.compute_scope()
         else:
             scope(self)
@@ -428,6 +430,37 @@ class IncrementalRun:
             "CREATE OR REPLACE TEMP TABLE _current_counts AS SELECT engine_id, counter, key, "
             f"CAST(sum(value) AS BIGINT) AS value FROM ({stored}SELECT engine_id, counter, key, value "
             "FROM _run_counts) GROUP BY ALL"
+        )
+
+    def unchanged(self) -> bool:
+        """Whether the store holds nothing this run's state has not seen: no new batch, the
+        same engine inputs and thresholds (else it would be a full run), no request in scope."""
+        return not (self.full or self.batches or self.changed or any(self.counts.values()))
+
+    def reuse_scope(self) -> None:
+        """The scope tables of a run with nothing new, without running the rules.
+
+        Such a run recomputes only the rows that name no request (the cut keeps them every
+        run), from the same rows as the last run that committed state, with the same engine
+        inputs and thresholds: that run's results for them, stored with its ``seq``, are
+        what the rules would give again. Planning the rules over an empty scope costs as much
+        as running them over a small one, and this is the scheduled job's run between new
+        objects."""
+        con, last = self.con, self.seq - 1
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * EXCLUDE (seq, day) FROM analysis_findings "
+            f"WHERE seq = {last} AND request_id IS NULL"
+        )
+        # the byte sums as _SCOPE_ROLLUPS gives them (128-bit: the state keeps them in 64 bits)
+        sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq) REPLACE ({sums}) "
+            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
+        )
+        con.execute("CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day FROM analysis_requests LIMIT 0")
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_window_rows AS SELECT * EXCLUDE (seq) FROM analysis_rank_windows "
+            "LIMIT 0"
         )
 
     def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
@@ -662,6 +695,9 @@ LEFT JOIN u USING (k)
 LEFT JOIN rq USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
+
+# The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
+_ROLLUP_SUMS = ("logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes")
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
 _SCOPE_DAYS = """
