@@ -448,8 +448,8 @@ class IncrementalRun:
         objects."""
         con, last = self.con, self.seq - 1
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * EXCLUDE (seq, day) FROM analysis_findings "
-            f"WHERE seq = {last} AND request_id IS NULL"
+            "CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * EXCLUDE (seq, day) "
+            f"FROM analysis_findings WHERE seq = {last} AND request_id IS NULL"
         )
         # the byte sums as _SCOPE_ROLLUPS gives them (128-bit: the state keeps them in 64 bits)
         sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
@@ -457,10 +457,12 @@ class IncrementalRun:
             f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq) REPLACE ({sums}) "
             f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
         )
-        con.execute("CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day FROM analysis_requests LIMIT 0")
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _scope_window_rows AS SELECT * EXCLUDE (seq) FROM analysis_rank_windows "
-            "LIMIT 0"
+            "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day FROM analysis_requests LIMIT 0"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_window_rows AS SELECT * EXCLUDE (seq) "
+            "FROM analysis_rank_windows LIMIT 0"
         )
 
     def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
@@ -697,7 +699,9 @@ LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
 # The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
-_ROLLUP_SUMS = ("logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes")
+_ROLLUP_SUMS = (
+    "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
+)  # fmt: skip
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
 _SCOPE_DAYS = """
