@@ -458,7 +458,8 @@ class IncrementalRun:
             f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
         )
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day FROM analysis_requests LIMIT 0"
+            "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day "
+            "FROM analysis_requests LIMIT 0"
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _scope_window_rows AS SELECT * EXCLUDE (seq) "
