@@ -55,8 +55,10 @@ __all__ = [
     "CURRENT_FINDINGS",
     "CURRENT_FINDING_COUNTS",
     "RECOMPUTED_RULES",
+    "REPORT_STATE_VIEWS",
     "STORED_RULES",
     "IncrementalRun",
+    "cut_to_requests",
     "incremental_views",
     "store_of",
 ]
@@ -73,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 4
+STATE_VERSION = 5
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -98,6 +100,23 @@ _CUT_VIEWS = (
     "transfer_bytes",
     "handoffs",
 )
+# What the report reads of every request's accounted reads (report.sql's private views), from
+# the rollups a run leaves merged in ``_merged_requests``: the scheduled job's report then sizes
+# no read of the store again.
+REPORT_STATE_VIEWS = {
+    "_report_request_sums": "SELECT engine_id, request_id, CAST(reads_ok AS BIGINT) AS reads_ok, "
+    "CAST(excess_bytes AS HUGEINT) AS excess_bytes, max_tokens FROM _merged_requests WHERE reads IS NOT NULL",
+    "_report_share_reads": """
+        SELECT engine_id, share, CAST(sum(n) AS BIGINT) AS reads FROM (
+            SELECT engine_id, share, share_reads AS n FROM _merged_requests WHERE share IS NOT NULL
+            UNION ALL
+            SELECT engine_id, s.share, s.reads FROM (
+                SELECT engine_id,
+                       unnest(json_transform(shares, '[{"share": "INTEGER", "reads": "BIGINT"}]')) AS s
+                FROM _merged_requests WHERE shares IS NOT NULL
+            )
+        ) GROUP BY ALL""",
+}
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -127,29 +146,34 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None
     return con.execute(sql, params or []).fetchall()[0][0]
 
 
-def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000) -> str:
-    """``column IN`` the ids of ``_scope_ids``, as SQL: a short list spelled out, so that a
-    Parquet scan filters by it as it reads (and skips, by their statistics, the row groups
-    that hold none of the ids) instead of reading every row for a join."""
-    ids = [i for (i,) in con.execute(f"SELECT request_id FROM _scope_ids LIMIT {limit + 1}").fetchall()]
-    if not ids:
+def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
+    """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL: a short list spelled
+    out, so that a Parquet scan filters by it as it reads (and skips, by their statistics, the
+    row groups that hold none of the ids) instead of reading every row for a join."""
+    found = [i for (i,) in con.execute(f"SELECT request_id FROM {ids} LIMIT {limit + 1}").fetchall()]
+    if not found:
         return "false"  # no id in scope (nothing new): no join of every row with an empty list
-    if len(ids) > limit:
-        return f"{column} IN (SELECT request_id FROM _scope_ids)"
-    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
+    if len(found) > limit:
+        return f"{column} IN (SELECT request_id FROM {ids})"
+    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in found) + ")"
 
 
 @contextmanager
-def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """``transfers``, ``requests`` and ``log_events`` cut to the request ids of ``_scope_ids``.
+def cut_to_requests(
+    con: duckdb.DuckDBPyConnection,
+    ids: str = "_scope_ids",
+    names: tuple[str, ...] = ("transfers", "requests", "log_events"),
+) -> Iterator[None]:
+    """``names`` (tables with a ``request_id``) cut to the request ids of the table ``ids``.
 
     Rows without a request id stay: they are recomputed every run (``_peak_prefill_rate``
     reads the log's stats lines, a log event naming no request is a finding of its own).
+    What is computed of one request reads only its own rows of these tables, so a view over
+    them gives, for those requests, the rows it gives over the whole store.
     """
-    names = ("transfers", "requests", "log_events")
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
-    scoped = _in_scope(con, "request_id")
+    scoped = _in_scope(con, "request_id", ids=ids)
     for name in names:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE request_id IS NULL "
@@ -482,7 +506,7 @@ class IncrementalRun:
         with ExitStack() as stack:
             cutting = (not self.full) if cut is None else cut
             if cutting:
-                stack.enter_context(_cut_to_scope(con))
+                stack.enter_context(cut_to_requests(con))
             stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
@@ -638,8 +662,22 @@ WITH acc AS (
            sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
            sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
            sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL)
-               AS sized_transported_bytes
+               AS sized_transported_bytes,
+           -- what the report reads of the reads' byte counts (report.sql's _report_request_sums)
+           sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes,
+           max(transferred_tokens) AS max_tokens
     FROM transfer_bytes GROUP BY ALL
+),
+-- the reads each share counts (report.sql's _report_share_reads): one share for nearly every
+-- request, a list for a request whose reads make several
+sh AS (
+    SELECT k, CASE WHEN count(*) = 1 THEN min(share) END AS share,
+           CASE WHEN count(*) = 1 THEN sum(n) END AS share_reads,
+           CASE WHEN count(*) > 1
+                THEN CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) END AS shares
+    FROM (SELECT _key(engine_id, request_id) AS k, share, count(*) AS n FROM transfer_bytes
+          WHERE share IS NOT NULL GROUP BY ALL)
+    GROUP BY k
 ),
 rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
 tx AS (
@@ -680,6 +718,7 @@ SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
+       acc.excess_bytes, acc.max_tokens, sh.share, sh.share_reads, sh.shares,
        h.k IS NOT NULL AS handoff, h.prefill_s,
        -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
        coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
@@ -696,12 +735,14 @@ LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
 LEFT JOIN u USING (k)
 LEFT JOIN rq USING (k)
+LEFT JOIN sh USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
 # The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
 _ROLLUP_SUMS = (
     "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
+    "excess_bytes", "share_reads",
 )  # fmt: skip
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
