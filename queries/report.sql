@@ -149,6 +149,14 @@ JOIN span s USING (engine_id)
 CROSS JOIN (SELECT unnest(range(0, 65)) AS step) g
 WHERE m.error IS NULL AND s.share >= 1;
 
+-- _report_slow_ranks: the decode ranks finding_slow_rank names (the report reads them from
+-- the analysis it just ran instead of running the rule again).
+--
+-- Columns:
+--   engine_id, rank    the rank
+CREATE OR REPLACE VIEW _report_slow_ranks AS
+SELECT DISTINCT engine_id, rank FROM finding_slow_rank;
+
 -- report_ranks: completion time and effective bandwidth of every decode rank.
 --
 -- @column engine_id       decode engine
@@ -167,7 +175,7 @@ SELECT t.engine_id, t.rank, count(*) AS reads,
        sum(t.transported_bytes) / nullif(sum(t.xfer_s), 0) / 1e9 AS effective_gb_s,
        bool_or(s.rank IS NOT NULL) AS slow
 FROM transfers t
-LEFT JOIN (SELECT DISTINCT engine_id, rank FROM finding_slow_rank) s USING (engine_id, rank)
+LEFT JOIN _report_slow_ranks s USING (engine_id, rank)
 WHERE t.status = 'ok'
 GROUP BY ALL
 ORDER BY t.engine_id, t.rank;

@@ -274,6 +274,8 @@ def test_the_scheduled_jobs_report_from_the_analysis_state_equals_one_over_every
         job = collect(open_analysis(store), store=str(store), incremental=True)
         whole = collect(open_analysis(store), store=str(store))
         assert _sections(job) == _sections(whole)
-        assert job.request_bytes and job.reads and job.model_lines and job.counts["requests_accounted"] > 0
+        assert job.request_bytes and job.reads and job.model_lines and job.recompute
+        assert job.counts["requests_accounted"] > 0 and job.counts["handoffs_compared"] > 0
+        assert any(rank["slow"] for rank in job.ranks)
     runs = Store(store).connect(with_queries=False).sql("SELECT full_run FROM analysis_runs ORDER BY seq")
     assert runs.fetchall() == [(True,), (False,)]  # the last report had nothing new to analyze

@@ -116,6 +116,9 @@ REPORT_STATE_VIEWS = {
                 FROM _merged_requests WHERE shares IS NOT NULL
             )
         ) GROUP BY ALL""",
+    "_handoff_times": """
+        SELECT engine_id, handoff_missing_tokens AS missing_tokens, critical_path_s, prefill_s, prefill_source
+        FROM _merged_requests WHERE handoff AND critical_path_s IS NOT NULL AND prefill_s IS NOT NULL""",
 }
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
@@ -702,7 +705,10 @@ rq AS (
                AS expired_remotes
     FROM requests WHERE status IN ('failed', 'expired') GROUP BY engine_id, request_id
 ),
-h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs),
+h AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s, missing_tokens, prefill_source
+    FROM handoffs
+),
 u AS (
     SELECT engine_id, request_id, _key(engine_id, request_id) AS k, remote_engine_id, missing_tokens,
            measured_prefill_s, read_bytes
@@ -719,7 +725,7 @@ SELECT keys.request_id, keys.engine_id, d.day,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
        acc.excess_bytes, acc.max_tokens, sh.share, sh.share_reads, sh.shares,
-       h.k IS NOT NULL AS handoff, h.prefill_s,
+       h.k IS NOT NULL AS handoff, h.prefill_s, h.missing_tokens AS handoff_missing_tokens, h.prefill_source,
        -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
        coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
        tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
