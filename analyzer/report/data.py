@@ -259,7 +259,8 @@ def _counted(values: pa.Array) -> list[tuple]:
 def _rows_at(table: pa.Table, indices: pa.Array) -> pa.Table:
     """The rows of ``table`` at ``indices`` (a few hundred): sliced one by one, since a take
     from a table of many chunks joins every chunk of every column first."""
-    return pa.concat_tables([table.slice(i, 1) for i in indices.to_pylist()]).combine_chunks()
+    picked = [table.slice(i, 1) for i in indices.to_pylist()]
+    return pa.concat_tables(picked).combine_chunks() if picked else table.slice(0, 0)
 
 
 def _kind_rows(table: pa.Table) -> dict[str, tuple[pa.Array, int]]:
