@@ -30,7 +30,9 @@ def _files(store: Path) -> set[Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--new-requests", type=int, default=20)
     parser.add_argument("--dir", default="/tmp/hybridtrace-analyze-bench")
