@@ -139,26 +139,34 @@ def _held_back(trace: Path, requests: int) -> list[str]:
     return held
 
 
-def incremental(args: argparse.Namespace) -> None:
-    root = Path(args.dir)
-    store = root / f"store-incremental-{args.requests}"
-    new_object = root / f"new-{args.requests}" / "decode-0" / "trace.part-new.jsonl"
-    if not (args.keep and (store / "sources").exists() and new_object.exists()):
+def held_back_store(root: Path, requests: int, new_requests: int, keep: bool) -> tuple[Path, Path]:
+    """A store of ``requests`` at TP 4 without the last ``new_requests`` of the decode trace,
+    and those as one new object (a trace part of their own); with ``keep``, those of an
+    earlier run are reused. Returns (store, the new object's file)."""
+    store = root / f"store-incremental-{requests}"
+    new_object = root / f"new-{requests}" / "decode-0" / "trace.part-new.jsonl"
+    if not (keep and (store / "sources").exists() and new_object.exists()):
         shutil.rmtree(root, ignore_errors=True)
         bundle = root / "bundle"
         setup = (
             "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
-            f"simulate(SimOptions(requests={args.requests}, prefill_tp=(4,), decode_tp=(4,),"
+            f"simulate(SimOptions(requests={requests}, prefill_tp=(4,), decode_tp=(4,),"
             f" inject=parse_inject('all')), {str(bundle)!r})\n"
         )
         seconds, _ = _timed(setup)
-        held = _held_back(bundle / "decode-0" / "trace.jsonl", args.new_requests)
+        held = _held_back(bundle / "decode-0" / "trace.jsonl", new_requests)
         new_object.parent.mkdir(parents=True)
         new_object.write_text("".join(held))
         seconds += _timed(f"from hybridtrace.ingest.run import ingest\n"
                           f"ingest([{str(bundle)!r}], {str(store)!r}, progress=False)\n")[0]  # fmt: skip
         print(f"setup (simulate + ingest)  {seconds:6.1f} s; {len(held):,} records held back")
         shutil.rmtree(bundle)
+    return store, new_object
+
+
+def incremental(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    store, new_object = held_back_store(root, args.requests, args.new_requests, args.keep)
     # timed on a copy, so that a kept store stays without state and without the new object
     work = root / f"work-{args.requests}"
     shutil.rmtree(work, ignore_errors=True)

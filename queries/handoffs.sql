@@ -133,6 +133,16 @@ WHERE r.has_reads;
 CREATE OR REPLACE VIEW _timed_prefill_handoffs AS
 SELECT count(*) AS handoffs FROM handoffs WHERE prefill_s IS NOT NULL;
 
+-- _handoff_times: the handoffs with both a critical path X and a prefill time R, what
+-- transfer_vs_recompute compares (the incremental analysis keeps these per request, and the
+-- scheduled job's report reads them from there).
+--
+-- Columns:
+--   engine_id, missing_tokens, critical_path_s, prefill_s, prefill_source   as in handoffs
+CREATE OR REPLACE VIEW _handoff_times AS
+SELECT engine_id, missing_tokens, critical_path_s, prefill_s, prefill_source FROM handoffs
+WHERE critical_path_s IS NOT NULL AND prefill_s IS NOT NULL;
+
 -- transfer_vs_recompute: X against R per missing-prefix bucket, at the bucket's p50, p95
 -- and maximum (an average would route tail requests into a saturated link).
 --
@@ -170,8 +180,7 @@ SELECT
     max(prefill_s) AS prefill_max_s,
     avg(CASE WHEN critical_path_s > prefill_s THEN 1.0 ELSE 0.0 END) AS transfer_slower_share,
     CASE WHEN count(DISTINCT prefill_source) > 1 THEN 'mixed' ELSE any_value(prefill_source) END AS prefill_source
-FROM handoffs
-WHERE critical_path_s IS NOT NULL AND prefill_s IS NOT NULL
+FROM _handoff_times
 GROUP BY ALL
 ORDER BY engine_id, min(missing_tokens);
 

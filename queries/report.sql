@@ -7,15 +7,40 @@
 -- store show the same points. The report says, beside each chart, how many rows it drew
 -- from and how many it shows.
 
+-- _report_request_sums: what the report reads of every request's accounted reads
+-- (transfer_bytes), one row per request that has one. The incremental analysis keeps these
+-- per request (analysis_requests), and the scheduled job's report reads them from there
+-- instead of sizing every read of the store again.
+--
+-- Columns:
+--   engine_id, request_id    the request
+--   reads_ok                 its successful accounted reads
+--   excess_bytes             transported − expected summed over them
+--   max_tokens               T of the request, as its accounted reads have it
+CREATE OR REPLACE VIEW _report_request_sums AS
+SELECT engine_id, request_id, count(*) FILTER (WHERE status = 'ok') AS reads_ok,
+       sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes, max(transferred_tokens) AS max_tokens
+FROM transfer_bytes
+GROUP BY ALL;
+
+-- _report_share_reads: the accounted reads of each decode engine per share (the reads a
+-- decode rank makes per request), those with one.
+--
+-- Columns:
+--   engine_id    decode engine
+--   share        the share
+--   reads        its accounted reads that make it
+CREATE OR REPLACE VIEW _report_share_reads AS
+SELECT engine_id, share, count(*) AS reads FROM transfer_bytes WHERE share IS NOT NULL GROUP BY ALL;
+
 -- _report_requests: the requests the per-request bytes chart shows: the 12 that moved
 -- the most bytes over expected, then 28 more picked by hash (a fair sample of the rest).
 CREATE OR REPLACE VIEW _report_requests AS
 SELECT engine_id, request_id, excess_bytes
 FROM (
-    SELECT engine_id, request_id, sum(excess_bytes) AS excess_bytes, hash(engine_id, request_id) AS pick
-    FROM transfer_bytes
-    WHERE status = 'ok'
-    GROUP BY ALL
+    SELECT engine_id, request_id, excess_bytes, hash(engine_id, request_id) AS pick
+    FROM _report_request_sums
+    WHERE reads_ok > 0
 )
 QUALIFY row_number() OVER (ORDER BY excess_bytes DESC, request_id) <= 12
      OR row_number() OVER (ORDER BY pick, request_id) <= 28;
@@ -96,7 +121,8 @@ ORDER BY hash(t.engine_id, t.request_id, t.rank, t.remote_rank), t.request_id;
 -- 0 to the largest T the store holds, and the crossover S/B where state and attention
 -- bytes are equal. A read carries 1/share of its decode rank's bytes (share: the reads a
 -- decode rank makes per request, more than one when the prefill engine has more ranks),
--- so the lines are drawn per read, at the engine's most common share.
+-- so the lines are drawn per read, at the engine's most common share (of two as common,
+-- the smaller).
 --
 -- @column engine_id         decode engine
 -- @column tokens            T
@@ -106,8 +132,10 @@ ORDER BY hash(t.engine_id, t.request_id, t.rank, t.remote_rank), t.request_id;
 -- @column share             reads per decode rank and request the lines are drawn for
 CREATE OR REPLACE VIEW report_model_lines AS
 WITH span AS (
-    SELECT engine_id, max(transferred_tokens) AS max_tokens, mode(share) AS share
-    FROM transfer_bytes GROUP BY engine_id
+    SELECT t.engine_id, t.max_tokens, s.share
+    FROM (SELECT engine_id, max(max_tokens) AS max_tokens FROM _report_request_sums GROUP BY engine_id) t
+    LEFT JOIN (SELECT engine_id, (list(share ORDER BY reads DESC, share))[1] AS share
+               FROM _report_share_reads GROUP BY engine_id) s USING (engine_id)
 )
 SELECT m.engine_id, g.step * s.max_tokens // 64 AS tokens,
        (m.attention_bytes_per_token * (g.step * s.max_tokens // 64) + m.state_bytes) // s.share AS logical_bytes,
@@ -120,6 +148,14 @@ FROM engine_models m
 JOIN span s USING (engine_id)
 CROSS JOIN (SELECT unnest(range(0, 65)) AS step) g
 WHERE m.error IS NULL AND s.share >= 1;
+
+-- _report_slow_ranks: the decode ranks finding_slow_rank names (the report reads them from
+-- the analysis it just ran instead of running the rule again).
+--
+-- Columns:
+--   engine_id, rank    the rank
+CREATE OR REPLACE VIEW _report_slow_ranks AS
+SELECT DISTINCT engine_id, rank FROM finding_slow_rank;
 
 -- report_ranks: completion time and effective bandwidth of every decode rank.
 --
@@ -139,7 +175,7 @@ SELECT t.engine_id, t.rank, count(*) AS reads,
        sum(t.transported_bytes) / nullif(sum(t.xfer_s), 0) / 1e9 AS effective_gb_s,
        bool_or(s.rank IS NOT NULL) AS slow
 FROM transfers t
-LEFT JOIN (SELECT DISTINCT engine_id, rank FROM finding_slow_rank) s USING (engine_id, rank)
+LEFT JOIN _report_slow_ranks s USING (engine_id, rank)
 WHERE t.status = 'ok'
 GROUP BY ALL
 ORDER BY t.engine_id, t.rank;
@@ -277,7 +313,7 @@ WITH reads AS (
 )
 SELECT fit, bytes, xfer_ms, descriptors FROM reads
 QUALIFY row_number() OVER (PARTITION BY fit ORDER BY pick) <= 300
-ORDER BY fit, bytes;
+ORDER BY fit, bytes, pick;
 
 -- report_link_fit_lines: each rank fit's line, at no bytes and at the most bytes its reads
 -- moved: fixed + bytes / bandwidth, plus the descriptors those bytes take at the reads'

@@ -213,6 +213,92 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
         assert kept and kept == listed.fetchall()
 
 
+def test_a_run_with_nothing_new_reuses_the_last_runs_rows_instead_of_running_the_rules(bundle, tmp_path):
+    """With nothing new, the scope tables come from the last committed run: the rows the rules
+    would give again (those that name no request, recomputed every run), without running them."""
+    from hybridtrace.analyze.incremental import IncrementalRun
+
+    job = Growing(bundle, tmp_path)
+    job.add("models", "decode-0/metrics-*")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)
+    job.grow(0.6, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)  # the last committed run: seq 2
+    con = Store(job.store).connect()
+    from hybridtrace.analyze.thresholds import install, load
+
+    install(con, load(None))
+    run = IncrementalRun(con, Store(job.store), full=False)
+    run.plan()
+    assert run.unchanged() and run.seq == 3
+    tables = ("_scope_findings", "_scope_rollups", "_scope_days", "_scope_window_rows")
+
+    def rows() -> dict[str, list]:
+        return {t: sorted(map(repr, con.sql(f"SELECT * FROM {t}").fetchall())) for t in tables}
+
+    def columns() -> dict[str, list]:
+        return {t: [(d[0], str(d[1])) for d in con.sql(f"SELECT * FROM {t}").description] for t in tables}
+
+    run.compute_scope()
+    computed, computed_columns = rows(), columns()
+    run.reuse_scope()
+    assert rows() == computed and columns() == computed_columns
+    # and the analysis' own run takes that path, with the result of a full analysis
+    original = IncrementalRun.compute_scope
+
+    def refused(self, **kwargs):
+        raise AssertionError("the rules ran with nothing new")
+
+    IncrementalRun.compute_scope = refused
+    try:
+        assert _check(job.store)["seq"] == 2
+    finally:
+        IncrementalRun.compute_scope = original
+
+
+def test_what_the_report_reads_of_the_state_equals_what_it_reads_of_every_read(bundle, tmp_path):
+    """The report's views that the scheduled job reads from the merged rollups (each request's
+    byte sums, the reads per share, the handoffs' times) give the rows they give over every
+    read, after a run that merged new rows with stored ones, with some requests whose reads
+    make two shares (a read of a prefill rank of another TP size)."""
+    from hybridtrace.analyze.incremental import REPORT_STATE_VIEWS
+    from hybridtrace.analyze.view_swap import swapped_views
+    from hybridtrace.store.analysis import open_analysis
+
+    job = Growing(bundle, tmp_path)
+    mixed = 0
+    for i, line in enumerate(job.trace):
+        record = json.loads(line)
+        if record.get("type") == "transfer" and record.get("rank") == 0 and i % 7 == 0:
+            record["remote_tp_size"] = 2 * record["tp_size"]
+            job.trace[i] = json.dumps(record) + "\n"
+            mixed += 1
+    assert mixed > 10
+    job.add("models")
+    job.grow(0.5, 0.5)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)
+    job.grow(1.0, 1.0)
+    job.ingest()
+    con = open_analysis(job.store)
+    analyze(con, incremental=True)
+    assert _last_run(job.store)["seq"] == 2
+
+    def rows() -> dict[str, list]:
+        return {v: sorted(map(repr, con.sql(f"SELECT * FROM {v}").fetchall())) for v in REPORT_STATE_VIEWS}
+
+    whole = rows()
+    assert all(whole.values())
+    shares = con.sql("SELECT count(DISTINCT share) FROM _report_share_reads").fetchall()[0][0]
+    assert shares == 2
+    with swapped_views(con, REPORT_STATE_VIEWS):
+        assert rows() == whole
+        kept = con.sql("SELECT count(*) FROM _merged_requests WHERE shares IS NOT NULL").fetchall()[0][0]
+    assert kept > 0  # requests whose reads make two shares, as the state lists them
+
+
 def test_state_tables_are_partitioned_like_the_data():
     for name in ("analysis_findings", "analysis_requests", "analysis_rank_windows", "analysis_counts"):
         assert table_schema(name).partition == ("day", "engine_id")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -242,3 +243,39 @@ def test_a_report_whose_request_scope_is_computed_elsewhere_equals_one_computed_
     assert elsewhere.analysis.table.equals(here.analysis.table)
     assert elsewhere.ranks == here.ranks
     assert elsewhere.engines == here.engines
+
+
+def _sections(data) -> dict:
+    """Every section of a report's data, as comparable text (not when it was generated)."""
+    fields = {k: v for k, v in vars(data).items() if k not in ("generated", "analysis")}
+    fields["summary"] = data.analysis.summary
+    fields["findings table"] = data.analysis.table.to_pylist()
+    return json.loads(json.dumps(fields, default=str, sort_keys=True))
+
+
+def test_the_scheduled_jobs_report_from_the_analysis_state_equals_one_over_every_read(tmp_path):
+    """The job's report (an incremental analysis, the per-request sums read from its state and
+    only the drawn requests' reads sized) equals a report over every read: after the first run,
+    after a run that merged new reads with the stored ones, and with nothing new."""
+    from hybridtrace.store.analysis import open_analysis
+
+    bundle = tmp_path / "b"
+    # a decode rank reads from two prefill ranks: the byte model lines are drawn per read
+    simulate(SimOptions(seed=8, requests=500, prefill_tp=(4,), decode_tp=(2,), inject=parse_inject("all")),
+             str(bundle))  # fmt: skip
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines(keepends=True)
+    grown = tmp_path / "in"
+    shutil.copytree(bundle, grown)
+    store = tmp_path / "s"
+    for share in (0.5, 1.0, None):  # None: no new object
+        if share is not None:
+            (grown / "decode-0" / "trace.jsonl").write_text("".join(trace[: int(len(trace) * share)]))
+            ingest([grown], store, progress=False)
+        job = collect(open_analysis(store), store=str(store), incremental=True)
+        whole = collect(open_analysis(store), store=str(store))
+        assert _sections(job) == _sections(whole)
+        assert job.request_bytes and job.reads and job.model_lines and job.recompute
+        assert job.counts["requests_accounted"] > 0 and job.counts["handoffs_compared"] > 0
+        assert any(rank["slow"] for rank in job.ranks)
+    runs = Store(store).connect(with_queries=False).sql("SELECT full_run FROM analysis_runs ORDER BY seq")
+    assert runs.fetchall() == [(True,), (False,)]  # the last report had nothing new to analyze

@@ -55,8 +55,10 @@ __all__ = [
     "CURRENT_FINDINGS",
     "CURRENT_FINDING_COUNTS",
     "RECOMPUTED_RULES",
+    "REPORT_STATE_VIEWS",
     "STORED_RULES",
     "IncrementalRun",
+    "cut_to_requests",
     "incremental_views",
     "store_of",
 ]
@@ -73,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 4
+STATE_VERSION = 5
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -98,6 +100,26 @@ _CUT_VIEWS = (
     "transfer_bytes",
     "handoffs",
 )
+# What the report reads of every request's accounted reads (report.sql's private views), from
+# the rollups a run leaves merged in ``_merged_requests``: the scheduled job's report then sizes
+# no read of the store again.
+REPORT_STATE_VIEWS = {
+    "_report_request_sums": "SELECT engine_id, request_id, CAST(reads_ok AS BIGINT) AS reads_ok, "
+    "CAST(excess_bytes AS HUGEINT) AS excess_bytes, max_tokens FROM _merged_requests WHERE reads IS NOT NULL",
+    "_report_share_reads": """
+        SELECT engine_id, share, CAST(sum(n) AS BIGINT) AS reads FROM (
+            SELECT engine_id, share, share_reads AS n FROM _merged_requests WHERE share IS NOT NULL
+            UNION ALL
+            SELECT engine_id, s.share, s.reads FROM (
+                SELECT engine_id,
+                       unnest(json_transform(shares, '[{"share": "INTEGER", "reads": "BIGINT"}]')) AS s
+                FROM _merged_requests WHERE shares IS NOT NULL
+            )
+        ) GROUP BY ALL""",
+    "_handoff_times": """
+        SELECT engine_id, handoff_missing_tokens AS missing_tokens, critical_path_s, prefill_s, prefill_source
+        FROM _merged_requests WHERE handoff AND critical_path_s IS NOT NULL AND prefill_s IS NOT NULL""",
+}
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -127,29 +149,34 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None
     return con.execute(sql, params or []).fetchall()[0][0]
 
 
-def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000) -> str:
-    """``column IN`` the ids of ``_scope_ids``, as SQL: a short list spelled out, so that a
-    Parquet scan filters by it as it reads (and skips, by their statistics, the row groups
-    that hold none of the ids) instead of reading every row for a join."""
-    ids = [i for (i,) in con.execute(f"SELECT request_id FROM _scope_ids LIMIT {limit + 1}").fetchall()]
-    if not ids:
+def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
+    """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL: a short list spelled
+    out, so that a Parquet scan filters by it as it reads (and skips, by their statistics, the
+    row groups that hold none of the ids) instead of reading every row for a join."""
+    found = [i for (i,) in con.execute(f"SELECT request_id FROM {ids} LIMIT {limit + 1}").fetchall()]
+    if not found:
         return "false"  # no id in scope (nothing new): no join of every row with an empty list
-    if len(ids) > limit:
-        return f"{column} IN (SELECT request_id FROM _scope_ids)"
-    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
+    if len(found) > limit:
+        return f"{column} IN (SELECT request_id FROM {ids})"
+    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in found) + ")"
 
 
 @contextmanager
-def _cut_to_scope(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """``transfers``, ``requests`` and ``log_events`` cut to the request ids of ``_scope_ids``.
+def cut_to_requests(
+    con: duckdb.DuckDBPyConnection,
+    ids: str = "_scope_ids",
+    names: tuple[str, ...] = ("transfers", "requests", "log_events"),
+) -> Iterator[None]:
+    """``names`` (tables with a ``request_id``) cut to the request ids of the table ``ids``.
 
     Rows without a request id stay: they are recomputed every run (``_peak_prefill_rate``
     reads the log's stats lines, a log event naming no request is a finding of its own).
+    What is computed of one request reads only its own rows of these tables, so a view over
+    them gives, for those requests, the rows it gives over the whole store.
     """
-    names = ("transfers", "requests", "log_events")
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
-    scoped = _in_scope(con, "request_id")
+    scoped = _in_scope(con, "request_id", ids=ids)
     for name in names:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE request_id IS NULL "
@@ -311,7 +338,9 @@ class IncrementalRun:
         same four tables on this connection.
         """
         con = self.con
-        if scope is None:
+        if scope is None and self.unchanged():
+            self.reuse_scope()
+        elif scope is None:
             self.compute_scope()
         else:
             scope(self)
@@ -430,6 +459,40 @@ class IncrementalRun:
             "FROM _run_counts) GROUP BY ALL"
         )
 
+    def unchanged(self) -> bool:
+        """Whether the store holds nothing this run's state has not seen: no new batch, the
+        same engine inputs and thresholds (else it would be a full run), no request in scope."""
+        return not (self.full or self.batches or self.changed or any(self.counts.values()))
+
+    def reuse_scope(self) -> None:
+        """The scope tables of a run with nothing new, without running the rules.
+
+        Such a run recomputes only the rows that name no request (the cut keeps them every
+        run), from the same rows as the last run that committed state, with the same engine
+        inputs and thresholds: that run's results for them, stored with its ``seq``, are
+        what the rules would give again. Planning the rules over an empty scope costs as much
+        as running them over a small one, and this is the scheduled job's run between new
+        objects."""
+        con, last = self.con, self.seq - 1
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * EXCLUDE (seq, day) "
+            f"FROM analysis_findings WHERE seq = {last} AND request_id IS NULL"
+        )
+        # the byte sums as _SCOPE_ROLLUPS gives them (128-bit: the state keeps them in 64 bits)
+        sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq) REPLACE ({sums}) "
+            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day "
+            "FROM analysis_requests LIMIT 0"
+        )
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _scope_window_rows AS SELECT * EXCLUDE (seq) "
+            "FROM analysis_rank_windows LIMIT 0"
+        )
+
     def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
         """``_scope_findings``, ``_scope_days``, ``_scope_rollups`` and (with ``windows``)
         ``_scope_window_rows`` for ``_scope_ids`` and ``_scope_windows`` on this connection.
@@ -446,7 +509,7 @@ class IncrementalRun:
         with ExitStack() as stack:
             cutting = (not self.full) if cut is None else cut
             if cutting:
-                stack.enter_context(_cut_to_scope(con))
+                stack.enter_context(cut_to_requests(con))
             stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
@@ -602,8 +665,22 @@ WITH acc AS (
            sum(reserved_bytes) FILTER (WHERE status = 'ok') AS reserved_bytes,
            sum(transported_bytes) FILTER (WHERE status = 'ok') AS transported_bytes,
            sum(transported_bytes) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL)
-               AS sized_transported_bytes
+               AS sized_transported_bytes,
+           -- what the report reads of the reads' byte counts (report.sql's _report_request_sums)
+           sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes,
+           max(transferred_tokens) AS max_tokens
     FROM transfer_bytes GROUP BY ALL
+),
+-- the reads each share counts (report.sql's _report_share_reads): one share for nearly every
+-- request, a list for a request whose reads make several
+sh AS (
+    SELECT k, CASE WHEN count(*) = 1 THEN min(share) END AS share,
+           CASE WHEN count(*) = 1 THEN sum(n) END AS share_reads,
+           CASE WHEN count(*) > 1
+                THEN CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) END AS shares
+    FROM (SELECT _key(engine_id, request_id) AS k, share, count(*) AS n FROM transfer_bytes
+          WHERE share IS NOT NULL GROUP BY ALL)
+    GROUP BY k
 ),
 rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
 tx AS (
@@ -628,7 +705,10 @@ rq AS (
                AS expired_remotes
     FROM requests WHERE status IN ('failed', 'expired') GROUP BY engine_id, request_id
 ),
-h AS (SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s FROM handoffs),
+h AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s, missing_tokens, prefill_source
+    FROM handoffs
+),
 u AS (
     SELECT engine_id, request_id, _key(engine_id, request_id) AS k, remote_engine_id, missing_tokens,
            measured_prefill_s, read_bytes
@@ -644,7 +724,8 @@ SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
-       h.k IS NOT NULL AS handoff, h.prefill_s,
+       acc.excess_bytes, acc.max_tokens, sh.share, sh.share_reads, sh.shares,
+       h.k IS NOT NULL AS handoff, h.prefill_s, h.missing_tokens AS handoff_missing_tokens, h.prefill_source,
        -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
        coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
        tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
@@ -660,8 +741,15 @@ LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
 LEFT JOIN u USING (k)
 LEFT JOIN rq USING (k)
+LEFT JOIN sh USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
+
+# The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
+_ROLLUP_SUMS = (
+    "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
+    "excess_bytes", "share_reads",
+)  # fmt: skip
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
 _SCOPE_DAYS = """

@@ -10,14 +10,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from hybridtrace.analyze import SHARED_VIEWS, Analysis, analyze, materialized
+from hybridtrace.analyze.incremental import cut_to_requests
 from hybridtrace.analyze.rules import report_kinds
+from hybridtrace.analyze.view_swap import swapped_views
 
 # How many findings the page lists; the rest are counted, and `analyze --format csv` has all.
 FINDINGS_SHOWN = 500
@@ -82,9 +87,16 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return con.execute(sql).fetchall()[0][0] or 0
 
 
-# What the report's own views read of the views the analysis shares (queries/report.sql, the
-# slow-rank rule it lists and transfer_vs_recompute): computed once for all of them.
-REPORT_VIEWS = ("transfer_bytes", "_request_reads", "handoffs", "intervals", "_rank_windows")
+# The report's own views that several of its sections read (the link fits' lines are drawn
+# through their points), computed once.
+REPORT_OWN_VIEWS = ("_report_request_sums", "_report_share_reads", "report_link_fit_points")
+# What the report reads of the views the analysis shares, after an incremental analysis: the
+# rest (each request's byte sums, the handoffs' times) it reads from the analysis state, and
+# it sizes the reads of the few requests it draws only (``_drawn_requests_only``), so that a
+# scheduled run reads no view over every read of the store.
+STATE_REPORT_VIEWS = ("intervals", "_handoff_times")
+# The slow ranks report_ranks marks: those the analysis found, not the rule run again.
+_SLOW_RANKS = "_report_slow_rank_findings"
 
 
 def collect(
@@ -100,64 +112,26 @@ def collect(
     ``scope`` as ``analyze`` takes it: the request-scope rules computed on Spark.
     ``incremental`` analyses as ``hybridtrace analyze`` does, keeping its state in the store
     and recomputing only what new batches touch (the scheduled job's runs); the report's own
-    sections then compute only the shared views they read. The findings are the same either way.
+    sections then read each request's sums from that state, and compute only the shared views
+    they read. The findings and every section are the same either way.
     """
-    analysis = None
     if incremental:
+        from hybridtrace.analyze.incremental import REPORT_STATE_VIEWS, store_of
+
         analysis = analyze(con, config=config, scope=scope, incremental=True)
-    # the analysis and the report views share one computation of the views both read
-    with materialized(con, REPORT_VIEWS if incremental else SHARED_VIEWS):
-        if analysis is None:
+        with ExitStack() as stack:
+            stateful = store_of(con) is not None  # else the analysis ran in full, keeping no state
+            if stateful:
+                stack.enter_context(swapped_views(con, REPORT_STATE_VIEWS))
+            stack.enter_context(
+                materialized(con, (STATE_REPORT_VIEWS if stateful else SHARED_VIEWS) + REPORT_OWN_VIEWS)
+            )
+            data = _gather(con, analysis, store, drawn_only=stateful)
+    else:
+        # the analysis and the report views share one computation of the views both read
+        with materialized(con, SHARED_VIEWS + REPORT_OWN_VIEWS):
             analysis = analyze(con, config=config, scope=scope)
-        # the thresholds the rules just read (the analysis installs those of ``config``)
-        thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
-        data = ReportData(
-            store=store,
-            generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            analysis=analysis,
-            thresholds=thresholds,
-            engines=rows(con, "SELECT * FROM report_engines"),
-            request_bytes=rows(con, "SELECT * FROM report_request_cache_bytes ORDER BY excess_bytes DESC"),
-            reads=rows(con, "SELECT * FROM report_reads"),
-            model_lines=rows(con, "SELECT * FROM report_model_lines ORDER BY engine_id, tokens"),
-            ranks=rows(con, "SELECT * FROM report_ranks"),
-            recompute=rows(con, "SELECT * FROM report_recompute ORDER BY engine_id, bucket_order"),
-            intervals=rows(con, "SELECT * FROM report_intervals"),
-            link_fit_points=rows(con, "SELECT * FROM report_link_fit_points"),
-            link_fit_lines=rows(con, "SELECT * FROM report_link_fit_lines"),
-            findings=shown_findings(analysis, FINDINGS_SHOWN),
-            counts={
-                "requests_accounted": _scalar(
-                    con, "SELECT count(DISTINCT (engine_id, request_id)) FROM transfer_bytes "
-                    "WHERE status = 'ok'"
-                ),
-                "reads_ok": _scalar(con, "SELECT count(*) FROM transfer_bytes WHERE status = 'ok'"),
-                "handoffs_compared": _scalar(
-                    con, "SELECT count(*) FROM handoffs "
-                    "WHERE critical_path_s IS NOT NULL AND prefill_s IS NOT NULL"
-                ),
-                "intervals": _scalar(con, "SELECT count(*) FROM intervals"),
-                "link_fit_reads": _scalar(
-                    con, "SELECT sum(transfers_used) FROM link_fits WHERE scope = 'rank'"
-                ),
-                "findings": len(analysis),
-                "verifications": _scalar(con, "SELECT count(*) FROM verifications"),
-                "verifications_parted": _scalar(
-                    con, "SELECT count(*) FROM verifications WHERE status <> 'match'"
-                ),
-            },
-            verification_runs=rows(
-                con, f"SELECT * FROM verification_runs ORDER BY started_ts DESC LIMIT {VERIFY_RUNS_SHOWN}"
-            ),
-            verifications=rows(
-                con,
-                "SELECT run_id, prompt_index, prompt_id, status, first_divergence, tokens_compared, "
-                "control_top_gap, max_logprob_diff, pd_response_id, engine_id, request_id, error "
-                "FROM verification_handoffs WHERE status IN ('mismatch', 'near_tie', 'error') "
-                "ORDER BY CASE status WHEN 'mismatch' THEN 0 WHEN 'error' THEN 1 ELSE 2 END, ts DESC "
-                f"LIMIT {VERIFY_ROWS_SHOWN}",
-            ),
-        )
+            data = _gather(con, analysis, store, drawn_only=False)
     data.kind_groups = kind_groups(analysis, KIND_EXAMPLES)
     for finding in [*data.findings, *(f for g in data.kind_groups for f in g["worst"])]:
         evidence = finding["evidence"].items()
@@ -165,7 +139,137 @@ def collect(
     return data
 
 
+# The reads report_reads draws (as it picks them): their requests are the only ones it sizes.
+_DRAWN_READS = (
+    "SELECT request_id FROM transfers WHERE status = 'ok' "
+    "ORDER BY hash(engine_id, request_id, rank, remote_rank), request_id LIMIT 4000"
+)
+
+
+@contextmanager
+def _drawn_requests_only(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """The reads and request records cut to the requests the two per-request sections draw.
+
+    Both pick their requests from every request (by excess bytes and by hash) and then size
+    their reads; a request's reads are sized from its own rows, and the requests each picks
+    from all are among those it picks from the cut (none outranks them there), so the rows
+    are the same, and only the reads of a few thousand requests are sized.
+    """
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _report_drawn AS SELECT DISTINCT request_id FROM ("
+        f"SELECT request_id FROM _report_requests UNION ALL ({_DRAWN_READS}))"
+    )
+    try:
+        with cut_to_requests(con, "_report_drawn", ("transfers", "requests")):
+            yield
+    finally:
+        con.execute("DROP TABLE IF EXISTS _report_drawn")
+
+
+def _gather(
+    con: duckdb.DuckDBPyConnection, analysis: Analysis, store: str, *, drawn_only: bool
+) -> ReportData:
+    """Every section of the report, on views as ``collect`` arranged them."""
+    table = analysis.table
+    con.register(
+        _SLOW_RANKS, table.filter(pc.equal(table["kind"], "slow_rank")).select(["engine_id", "rank"])
+    )
+    with ExitStack() as stack:
+        stack.callback(con.unregister, _SLOW_RANKS)
+        stack.enter_context(
+            swapped_views(con, {"_report_slow_ranks": f"SELECT DISTINCT engine_id, rank FROM {_SLOW_RANKS}"})
+        )
+        body = _sections(con, analysis, store, drawn_only=drawn_only)
+    return body
+
+
+def _sections(
+    con: duckdb.DuckDBPyConnection, analysis: Analysis, store: str, *, drawn_only: bool
+) -> ReportData:
+    with ExitStack() as stack:
+        if drawn_only:
+            stack.enter_context(_drawn_requests_only(con))
+        # requests of equal excess (and each request's rows) in one order, run after run
+        request_bytes = rows(
+            con,
+            "SELECT * FROM report_request_cache_bytes "
+            "ORDER BY excess_bytes DESC, engine_id, request_id, measure, cache",
+        )
+        reads = rows(con, "SELECT * FROM report_reads")
+    # the thresholds the rules just read (the analysis installs those of ``config``)
+    thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
+    return ReportData(
+        store=store,
+        generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        analysis=analysis,
+        thresholds=thresholds,
+        engines=rows(con, "SELECT * FROM report_engines"),
+        request_bytes=request_bytes,
+        reads=reads,
+        model_lines=rows(con, "SELECT * FROM report_model_lines ORDER BY engine_id, tokens"),
+        ranks=rows(con, "SELECT * FROM report_ranks"),
+        recompute=rows(con, "SELECT * FROM report_recompute ORDER BY engine_id, bucket_order"),
+        intervals=rows(con, "SELECT * FROM report_intervals"),
+        link_fit_points=rows(con, "SELECT * FROM report_link_fit_points"),
+        link_fit_lines=rows(con, "SELECT * FROM report_link_fit_lines"),
+        findings=shown_findings(analysis, FINDINGS_SHOWN),
+        counts={
+            "requests_accounted": _scalar(
+                con, "SELECT count(*) FROM _report_request_sums WHERE reads_ok > 0"
+            ),
+            "reads_ok": _scalar(con, "SELECT sum(reads_ok) FROM _report_request_sums"),
+            "handoffs_compared": _scalar(con, "SELECT count(*) FROM _handoff_times"),
+            "intervals": _scalar(con, "SELECT count(*) FROM intervals"),
+            "link_fit_reads": _scalar(con, "SELECT sum(transfers_used) FROM link_fits WHERE scope = 'rank'"),
+            "findings": len(analysis),
+            "verifications": _scalar(con, "SELECT count(*) FROM verifications"),
+            "verifications_parted": _scalar(
+                con, "SELECT count(*) FROM verifications WHERE status <> 'match'"
+            ),
+        },
+        verification_runs=rows(
+            con, f"SELECT * FROM verification_runs ORDER BY started_ts DESC LIMIT {VERIFY_RUNS_SHOWN}"
+        ),
+        verifications=rows(
+            con,
+            "SELECT run_id, prompt_index, prompt_id, status, first_divergence, tokens_compared, "
+            "control_top_gap, max_logprob_diff, pd_response_id, engine_id, request_id, error "
+            "FROM verification_handoffs WHERE status IN ('mismatch', 'near_tie', 'error') "
+            "ORDER BY CASE status WHEN 'mismatch' THEN 0 WHEN 'error' THEN 1 ELSE 2 END, ts DESC "
+            f"LIMIT {VERIFY_ROWS_SHOWN}",
+        ),
+    )
+
+
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[list, pa.Array]:
+    """A column as dictionary codes: its distinct values, and each row's index into them."""
+    encoded = pc.dictionary_encode(column).combine_chunks()
+    return encoded.dictionary.to_pylist(), encoded.indices
+
+
+def _counted(values: pa.Array) -> list[tuple]:
+    """Each distinct value and how many times it comes, in the order it first comes."""
+    found = pc.value_counts(values)
+    return list(zip(found.field("values").to_pylist(), found.field("counts").to_pylist(), strict=True))
+
+
+def _rows_at(table: pa.Table, indices: pa.Array) -> pa.Table:
+    """The rows of ``table`` at ``indices`` (a few hundred): sliced one by one, since a take
+    from a table of many chunks joins every chunk of every column first."""
+    picked = [table.slice(i, 1) for i in indices.to_pylist()]
+    return pa.concat_tables(picked).combine_chunks() if picked else table.slice(0, 0)
+
+
+def _kind_rows(table: pa.Table) -> dict[str, tuple[pa.Array, int]]:
+    """Each kind of ``table`` in the order its first finding comes: the row indices of its
+    findings (in table order) and how many there are. Vectorized, on dictionary codes: a
+    report lists a few rows of hundreds of thousands."""
+    names, codes = _codes(table["kind"])
+    counted = _counted(codes)
+    return {names[code]: (pc.indices_nonzero(pc.equal(codes, code)), count) for code, count in counted}
 
 
 def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
@@ -177,27 +281,33 @@ def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
     table = analysis.table
     if not table.num_rows:
         return []
-    kinds = table["kind"].to_pylist()
-    severities = table["severity"].to_pylist()
-    first: dict[str, list[int]] = {}
+    indices = _kind_rows(table)
+    kind_names, kind_codes = _codes(table["kind"])
+    severity_names, severity_codes = _codes(table["severity"])
+    # (kind, severity) pairs as one integer, counted in the order each pair first comes
+    width = len(severity_names)
+    pairs = pc.add(pc.multiply(kind_codes.cast(pa.int64()), width), severity_codes.cast(pa.int64()))
     by_severity: dict[str, dict[str, int]] = {}
-    for index, (kind, severity) in enumerate(zip(kinds, severities, strict=True)):
-        if len(first.setdefault(kind, [])) < examples:
-            first[kind].append(index)
-        counts = by_severity.setdefault(kind, {})
-        counts[severity] = counts.get(severity, 0) + 1
+    for pair, n in _counted(pairs):
+        kind, severity = kind_names[pair // width], severity_names[pair % width]
+        by_severity.setdefault(kind, {})[severity] = n
+    kinds = [kind for kind in report_kinds(dict.fromkeys(indices, 1)) if kind in indices]
+    # every kind's worst rows in one take (a take from a table of many chunks costs per call)
+    first = pa.concat_arrays([indices[k][0][:examples] for k in kinds])
+    worst = Analysis(_rows_at(table, first), analysis.inputs)
+    rows = worst.rows()
     groups = []
-    for kind in report_kinds(dict.fromkeys(first, 1)):
-        if kind not in first:
-            continue
+    for kind in kinds:
         order = sorted(by_severity[kind].items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9))
         severity_counts = dict(order)
+        shown = min(examples, indices[kind][1])
         groups.append({
             "kind": kind,
-            "count": sum(severity_counts.values()),
+            "count": indices[kind][1],
             "by_severity": severity_counts,
-            "worst": Analysis(table.take(first[kind]), analysis.inputs).rows(),
+            "worst": rows[:shown],
         })  # fmt: skip
+        rows = rows[shown:]
     # the most severe kinds first, then the most frequent
     groups.sort(key=lambda g: (_SEVERITY_ORDER.get(next(iter(g["by_severity"])), 9), -g["count"]))
     return groups
@@ -222,10 +332,8 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
     table = analysis.table
     if table.num_rows <= limit:
         return analysis.rows()
-    kinds = table["kind"].to_pylist()
-    counts: dict[str, int] = {}
-    for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
+    indices = _kind_rows(table)
+    counts = {kind: count for kind, (_, count) in indices.items()}
     quota = dict.fromkeys(counts, 0)
     left = limit
     while left > 0:
@@ -237,12 +345,6 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
             left -= take
             if not left:
                 break
-    taken = dict.fromkeys(counts, 0)
-    keep = []
-    for index, kind in enumerate(kinds):
-        if taken[kind] < quota[kind]:
-            taken[kind] += 1
-            keep.append(index)
-    return Analysis(table.take(keep), analysis.inputs).rows()
-
-
+    # each kind's first rows, back in the analysis' order
+    chosen = pa.concat_arrays([indices[kind][0][:n] for kind, n in quota.items()])
+    return Analysis(_rows_at(table, pc.take(chosen, pc.array_sort_indices(chosen))), analysis.inputs).rows()
