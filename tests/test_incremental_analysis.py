@@ -90,6 +90,16 @@ def _requests(store: Path) -> int:
     )
 
 
+def _state_of_half_then_the_rest(job: Growing) -> None:
+    """The model config and half the trace and log, analysed (the state); then the rest ingested."""
+    job.add("models")
+    job.grow(0.5, 0.5)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True)
+    job.grow(1.0, 1.0)
+    job.ingest()
+
+
 @pytest.mark.slow  # many ingest-and-analyze steps, each against a full analysis: the slow tier runs it
 def test_incremental_equals_full_after_every_step(bundle, tmp_path, monkeypatch):
     job = Growing(bundle, tmp_path)
@@ -185,12 +195,7 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     from hybridtrace.analyze.incremental import incremental_views
 
     job = Growing(bundle, tmp_path)
-    job.add("models")
-    job.grow(0.5, 0.5)
-    job.ingest()
-    analyze(Store(job.store).connect(), incremental=True)
-    job.grow(1.0, 1.0)
-    job.ingest()
+    _state_of_half_then_the_rest(job)
     views = (
         "_accounting_totals", "_critical_path_leads", "_critical_path_requests", "_timed_prefill_handoffs",
         "_config_pairs", "_named_trace_events", "_named_events",
@@ -276,12 +281,7 @@ def test_what_the_report_reads_of_the_state_equals_what_it_reads_of_every_read(b
             job.trace[i] = json.dumps(record) + "\n"
             mixed += 1
     assert mixed > 10
-    job.add("models")
-    job.grow(0.5, 0.5)
-    job.ingest()
-    analyze(Store(job.store).connect(), incremental=True)
-    job.grow(1.0, 1.0)
-    job.ingest()
+    _state_of_half_then_the_rest(job)
     con = open_analysis(job.store)
     analyze(con, incremental=True)
     assert _last_run(job.store)["seq"] == 2
