@@ -87,6 +87,16 @@ FROM (
 )
 WHERE bytes IS NOT NULL AND bytes <> 0;
 
+-- _report_read_sample: the successful reads report_reads draws, the 4,000 of lowest hash
+-- (the scheduled job's report sizes only their requests' reads).
+--
+-- Columns:
+--   every column of transfers
+CREATE OR REPLACE VIEW _report_read_sample AS
+SELECT * FROM transfers WHERE status = 'ok'
+ORDER BY hash(engine_id, request_id, rank, remote_rank), request_id
+LIMIT 4000;
+
 -- report_reads: up to 4,000 successful reads, picked by hash, for the payload and
 -- descriptor scatter plots. Every read has its timing and descriptors; the byte counts
 -- are null where no byte model sizes the engine (the payload plot then has no points).
@@ -108,11 +118,7 @@ SELECT t.engine_id, t.request_id, t.rank, b.transferred_tokens, b.state_blocks,
        t.transported_bytes, b.expected_bytes, b.excess_bytes,
        t.descriptors, t.post_s * 1e3 AS post_ms, t.xfer_s * 1e3 AS xfer_ms,
        t.post_s / nullif(t.xfer_s, 0) AS post_share
-FROM (
-    SELECT * FROM transfers WHERE status = 'ok'
-    ORDER BY hash(engine_id, request_id, rank, remote_rank), request_id
-    LIMIT 4000
-) t
+FROM _report_read_sample t
 LEFT JOIN transfer_bytes b USING (engine_id, request_id, rank, remote_engine_id, remote_rank, ts)
 ORDER BY hash(t.engine_id, t.request_id, t.rank, t.remote_rank), t.request_id;
 

@@ -139,13 +139,6 @@ def collect(
     return data
 
 
-# The reads report_reads draws (as it picks them): their requests are the only ones it sizes.
-_DRAWN_READS = (
-    "SELECT request_id FROM transfers WHERE status = 'ok' "
-    "ORDER BY hash(engine_id, request_id, rank, remote_rank), request_id LIMIT 4000"
-)
-
-
 @contextmanager
 def _drawn_requests_only(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """The reads and request records cut to the requests the two per-request sections draw.
@@ -157,7 +150,7 @@ def _drawn_requests_only(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """
     con.execute(
         "CREATE OR REPLACE TEMP TABLE _report_drawn AS SELECT DISTINCT request_id FROM ("
-        f"SELECT request_id FROM _report_requests UNION ALL ({_DRAWN_READS}))"
+        "SELECT request_id FROM _report_requests UNION ALL SELECT request_id FROM _report_read_sample)"
     )
     try:
         with cut_to_requests(con, "_report_drawn", ("transfers", "requests")):
@@ -179,23 +172,27 @@ def _gather(
         stack.enter_context(
             swapped_views(con, {"_report_slow_ranks": f"SELECT DISTINCT engine_id, rank FROM {_SLOW_RANKS}"})
         )
-        body = _sections(con, analysis, store, drawn_only=drawn_only)
-    return body
+        with ExitStack() as drawn:
+            if drawn_only:
+                drawn.enter_context(_drawn_requests_only(con))
+            # requests of equal excess (and each request's rows) in one order, run after run
+            request_bytes = rows(
+                con,
+                "SELECT * FROM report_request_cache_bytes "
+                "ORDER BY excess_bytes DESC, engine_id, request_id, measure, cache",
+            )
+            reads = rows(con, "SELECT * FROM report_reads")
+        return _sections(con, analysis, store, request_bytes, reads)
 
 
 def _sections(
-    con: duckdb.DuckDBPyConnection, analysis: Analysis, store: str, *, drawn_only: bool
+    con: duckdb.DuckDBPyConnection,
+    analysis: Analysis,
+    store: str,
+    request_bytes: list[dict],
+    reads: list[dict],
 ) -> ReportData:
-    with ExitStack() as stack:
-        if drawn_only:
-            stack.enter_context(_drawn_requests_only(con))
-        # requests of equal excess (and each request's rows) in one order, run after run
-        request_bytes = rows(
-            con,
-            "SELECT * FROM report_request_cache_bytes "
-            "ORDER BY excess_bytes DESC, engine_id, request_id, measure, cache",
-        )
-        reads = rows(con, "SELECT * FROM report_reads")
+    """The report's data: the two per-request sections given, every other one read here."""
     # the thresholds the rules just read (the analysis installs those of ``config``)
     thresholds = dict(con.execute("SELECT name, value FROM _thresholds").fetchall())
     return ReportData(
@@ -263,11 +260,10 @@ def _rows_at(table: pa.Table, indices: pa.Array) -> pa.Table:
     return pa.concat_tables(picked).combine_chunks() if picked else table.slice(0, 0)
 
 
-def _kind_rows(table: pa.Table) -> dict[str, tuple[pa.Array, int]]:
-    """Each kind of ``table`` in the order its first finding comes: the row indices of its
-    findings (in table order) and how many there are. Vectorized, on dictionary codes: a
-    report lists a few rows of hundreds of thousands."""
-    names, codes = _codes(table["kind"])
+def _kind_rows(names: list, codes: pa.Array) -> dict[str, tuple[pa.Array, int]]:
+    """Each kind (``_codes`` of the kind column) in the order its first finding comes: the row
+    indices of its findings (in table order) and how many there are. Vectorized, on
+    dictionary codes: a report lists a few rows of hundreds of thousands."""
     counted = _counted(codes)
     return {names[code]: (pc.indices_nonzero(pc.equal(codes, code)), count) for code, count in counted}
 
@@ -281,8 +277,8 @@ def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
     table = analysis.table
     if not table.num_rows:
         return []
-    indices = _kind_rows(table)
     kind_names, kind_codes = _codes(table["kind"])
+    indices = _kind_rows(kind_names, kind_codes)
     severity_names, severity_codes = _codes(table["severity"])
     # (kind, severity) pairs as one integer, counted in the order each pair first comes
     width = len(severity_names)
@@ -332,7 +328,7 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
     table = analysis.table
     if table.num_rows <= limit:
         return analysis.rows()
-    indices = _kind_rows(table)
+    indices = _kind_rows(*_codes(table["kind"]))
     counts = {kind: count for kind, (_, count) in indices.items()}
     quota = dict.fromkeys(counts, 0)
     left = limit
