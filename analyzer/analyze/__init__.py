@@ -59,7 +59,7 @@ _INPUT_TABLES = (
 # request rows (a request record beside its reads), and a copy of a million of them costs
 # more than the two or three scans the rules make of the rows.
 ANALYSIS_VIEWS = (
-    "_unsuccessful_reads",
+    "_unusual_reads",
     "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",

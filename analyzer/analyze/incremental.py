@@ -82,7 +82,7 @@ STATE_VERSION = 5
 # with every view it reads expanded in it, a few milliseconds each, many times over (the
 # rules read the request model and the sized requests a dozen times); a table is planned as one.
 _WHOLE_VIEWS = (
-    "_unsuccessful_reads",
+    "_unusual_reads",
     "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",

@@ -211,6 +211,25 @@ def _cut_records_read_whole(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+# Grouping on one 64-bit hash of the key is cheaper than on the two strings (a third of the
+# time on a million requests). Equal keys hash equal, so no repeat is missed; only a hash
+# collision counts one that is not there, so a count above zero is confirmed on the key itself.
+_REPEATED_SQL = "SELECT count(*) - count(DISTINCT hash(engine_id, request_id)) FROM request_records"
+_REPEATED_CONFIRM_SQL = (
+    "SELECT count(*) FROM (SELECT 1 FROM request_records GROUP BY engine_id, request_id HAVING count(*) > 1)"
+)
+
+
+def _repeated_records(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """How many (engine, request) keys ``request_records`` holds more than once, as a table of one row."""
+    import pyarrow as pa
+
+    repeated = con.sql(_REPEATED_SQL).fetchall()[0][0]
+    if repeated:
+        repeated = con.sql(_REPEATED_CONFIRM_SQL).fetchall()[0][0]
+    return pa.table({"repeated": pa.array([repeated], pa.int64())})
+
+
 def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
     """``requests``: one row per request, the latest record when a connector wrote several.
 
@@ -219,17 +238,13 @@ def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
     The latest record stands (its status is the final one); ``request_records`` keeps all.
     Checking first keeps the common case (no repeats) a plain view.
     """
-    # Grouping on one 64-bit hash of the key is cheaper than on the two strings (a third of
-    # the time on a million requests, where this check is most of opening a store). Equal
-    # keys hash equal, so no repeat is missed; only a hash collision counts one that is not
-    # there, so a count above zero is confirmed on the key itself.
-    repeated = con.sql(
-        "SELECT count(*) - count(DISTINCT hash(engine_id, request_id)) FROM request_records"
-    ).fetchall()[0][0]
-    if repeated:
-        repeated = con.sql(
-            "SELECT count(*) FROM (SELECT 1 FROM request_records "
-            "GROUP BY engine_id, request_id HAVING count(*) > 1)"
-        ).fetchall()[0][0]
+    from hybridtrace.store.catalog import derived_table
+
+    # Counting costs most of opening a large store (a tenth of a second on a million
+    # requests), and its answer is fixed for the files read: kept beside the link fits, per
+    # state of the data, so that the commands run one after another on a store count once.
+    code = _REPEATED_SQL + _REPEATED_CONFIRM_SQL
+    found = derived_table("repeats", con, code, lambda: _repeated_records(con))
+    repeated = found.column(0)[0].as_py()
     latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
     con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
