@@ -185,7 +185,7 @@ SELECT
     CAST(json_object('transferred_tokens', transferred_tokens, 'reused_tokens', reused_tokens,
         'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens,
         'cached_tokens', cached_tokens) AS VARCHAR) AS evidence
-FROM _request_rows  -- the request records (their rows the analysis holds)
+FROM _request_record_rows
 WHERE reused_tokens < transferred_tokens
    -- state without matching attention (only when the record says what the decoder held)
    OR (boundary_tokens > cached_tokens + transferred_tokens AND coalesce(state_blocks, 1) > 0);
@@ -256,7 +256,7 @@ FROM (
     -- the requests the lines can name, picked before the join: a join to every request costs
     -- more than the rule
     LEFT JOIN (
-        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM _request_rows
+        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM _request_record_rows
         WHERE remote_request_id IN (
             SELECT request_id FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined'))
     ) r ON r.remote_request_id = e.request_id

@@ -97,8 +97,7 @@ GROUP BY engine_id, request_id;
 --   reused_tokens, recomputed_tokens,
 --   boundary_tokens, state_blocks, prefill_s,
 --   cached_tokens, remote_request_id            as in requests (the columns the byte model, handoffs and the
---                                               request rules read: a rule over the request records reads
---                                               these rows, which an analysis holds, not the store's files)
+--                                               request rules read: _request_record_rows)
 --   has_reads                                   whether the trace holds a read of the request
 --   reads, ranks, critical_path_s, slowest_rank,
 --   critical_bytes, aggregate_bytes, reads_ok,
@@ -113,6 +112,20 @@ SELECT r.engine_id, r.request_id, r.remote_engine_id, r.status, r.missing_tokens
        x.max_ok_bytes, x.share, x.shares_agree, x.max_staging_bytes
 FROM requests r
 LEFT JOIN _request_reads x ON x.engine_id = r.engine_id AND x.request_id = r.request_id;
+
+-- _request_record_rows: the request records' columns the request rules read. Over the store
+-- a plain projection of `requests` (a look-up of one request, as `explain` makes, reads one
+-- record); an analysis points it at the request rows it holds (_request_rows has these
+-- columns, one row per record), so that the rules do not read the records' files again.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id, remote_request_id, status,
+--   transferred_tokens, reused_tokens, recomputed_tokens, boundary_tokens,
+--   cached_tokens, state_blocks                 as in requests
+CREATE OR REPLACE VIEW _request_record_rows AS
+SELECT engine_id, request_id, remote_engine_id, remote_request_id, status, transferred_tokens, reused_tokens,
+       recomputed_tokens, boundary_tokens, cached_tokens, state_blocks
+FROM requests;
 
 -- handoffs: one row per request with reads.
 --
