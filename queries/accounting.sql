@@ -154,11 +154,13 @@ CREATE OR REPLACE VIEW transfer_bytes AS SELECT * FROM _sized_reads('_request_mo
 --   share, shares_agree                        reads per decode rank, and whether every read makes it
 --   reads, reads_ok                            its reads, the successful ones
 --   transported_bytes, max_ok_bytes            bytes of its successful reads, summed and the largest
+--   max_staging_bytes                          the most bytes one of its reads staged through host memory
 --   logical, expected, reserved                one read's counts (shares_agree only)
 CREATE OR REPLACE VIEW _sized_requests AS
 SELECT q.engine_id, q.request_id, q.tokens, q.state_blocks, q.b, q.s, q.block, q.padded_state,
        q.padding_layer_state, q.request_status,
        q.share, q.shares_agree, q.reads, q.reads_ok, q.aggregate_bytes AS transported_bytes, q.max_ok_bytes,
+       q.max_staging_bytes,
        CASE WHEN q.shares_agree THEN q.b * q.tokens // q.share + q.s * q.state_blocks // q.share END AS logical,
        CASE WHEN q.shares_agree
             THEN _expected_attention_bytes(q.b, q.block, q.tokens, q.share) + q.s * q.state_blocks // q.share

@@ -99,12 +99,12 @@ WHERE transported_bytes > reserved_bytes + padding_layers_bytes + _t('excess_min
 -- padding layers' included, by more than excess_min_bytes, and not as recurrent state
 -- (that excess is unsharded_state's).
 CREATE OR REPLACE VIEW finding_staging_copy AS
--- the staged reads: those that say so, and every read of a host-buffer engine
--- (two scans, not one with OR: the first filter then reaches the Parquet reader, and the
--- second finds nothing to read when no engine stages)
+-- the staged reads: those that say so (picked from the unusual reads, which the analysis
+-- holds), and every read of a host-buffer engine (a scan of its own, which finds nothing to
+-- read when no engine stages)
 WITH staged AS MATERIALIZED (
     SELECT engine_id, request_id, remote_engine_id, staging_bytes, transported_bytes, tp_size, remote_tp_size
-    FROM transfers
+    FROM _unusual_reads
     WHERE staging_bytes > 0
     UNION ALL
     SELECT t.engine_id, t.request_id, t.remote_engine_id, t.staging_bytes, t.transported_bytes, t.tp_size,
@@ -150,9 +150,17 @@ FROM (
     -- a host-buffer engine on either side (a join to the few such engines, not to every pair)
     LEFT JOIN _host_buffer_engines h ON h.engine_id = t.engine_id
     LEFT JOIN _host_buffer_engines r ON r.engine_id = t.remote_engine_id
-    -- the byte model of the staged requests: picked from the sized requests first, so that
-    -- the join is built on the few staged requests, not on every request
-    LEFT JOIN (SELECT * FROM _sized_requests SEMI JOIN staged USING (engine_id, request_id)) q
+    -- the byte model of the staged requests, picked from the sized requests first, so that
+    -- the join is built on the few staged requests, not on every request: those with a read
+    -- that staged bytes by a filter, the others of a host-buffer engine by a join to its reads
+    LEFT JOIN (
+        SELECT * FROM _sized_requests WHERE max_staging_bytes > 0
+        UNION ALL
+        SELECT * FROM _sized_requests
+        SEMI JOIN (SELECT engine_id, request_id FROM staged WHERE NOT coalesce(staging_bytes > 0, false))
+            USING (engine_id, request_id)
+        WHERE NOT coalesce(max_staging_bytes > 0, false)
+    ) q
         ON q.engine_id = t.engine_id AND q.request_id = t.request_id
     UNION ALL BY NAME
     -- the reads beyond every reserved page, sized once already (_excess_reads)
@@ -177,7 +185,7 @@ SELECT
     CAST(json_object('transferred_tokens', transferred_tokens, 'reused_tokens', reused_tokens,
         'recomputed_tokens', recomputed_tokens, 'boundary_tokens', boundary_tokens,
         'cached_tokens', cached_tokens) AS VARCHAR) AS evidence
-FROM requests
+FROM _request_record_rows
 WHERE reused_tokens < transferred_tokens
    -- state without matching attention (only when the record says what the decoder held)
    OR (boundary_tokens > cached_tokens + transferred_tokens AND coalesce(state_blocks, 1) > 0);
@@ -248,7 +256,7 @@ FROM (
     -- the requests the lines can name, picked before the join: a join to every request costs
     -- more than the rule
     LEFT JOIN (
-        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM requests
+        SELECT engine_id, request_id, remote_engine_id, remote_request_id FROM _request_record_rows
         WHERE remote_request_id IN (
             SELECT request_id FROM log_events WHERE kind IN ('kv_expired', 'kv_expired_declined'))
     ) r ON r.remote_request_id = e.request_id

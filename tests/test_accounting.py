@@ -135,3 +135,29 @@ def test_a_request_recorded_twice_counts_its_reads_once(tmp_path):
     assert con.sql("SELECT max(reads) FROM request_bytes").fetchall()[0][0] == 2
     rows = con.sql("SELECT request_id, status FROM handoffs ORDER BY request_id").fetchall()
     assert rows == [("cmpl-0-0", "failed"), ("cmpl-0-1", "ok"), ("cmpl-0-2", "ok")]
+
+
+def test_a_record_repeated_in_a_later_batch_is_seen_by_a_store_opened_before(tmp_path):
+    # Opening a store keeps whether its request records repeat a key (counting them is most of
+    # opening a large store). What is kept belongs to the files read: a batch that adds a
+    # record of a request already recorded is counted again on the next opening.
+    from tracegen import engine_record, transfer_records, write_jsonl
+
+    records = [engine_record("decode-0", "decode", 2), engine_record("prefill-0", "prefill", 2)]
+    records += transfer_records(3, tp=2)
+    write_jsonl(tmp_path / "in" / "decode-0" / "trace.jsonl", records)
+    ingest([tmp_path / "in"], tmp_path / "store", model="nemotron-nano-12b-v2")
+    for _ in range(2):  # the second opening reads what the first kept
+        con = Store(tmp_path / "store").connect()
+        assert con.sql("SELECT count(*) FROM requests").fetchall()[0][0] == 3
+        assert con.sql("SELECT max(reads) FROM request_bytes").fetchall()[0][0] == 2
+    again = next(r for r in records if r["type"] == "request") | {"status": "failed"}
+    again["ts"] += 1.0
+    write_jsonl(tmp_path / "in" / "decode-0" / "trace.part-2.jsonl", [again])
+    ingest([tmp_path / "in"], tmp_path / "store", model="nemotron-nano-12b-v2")
+    con = Store(tmp_path / "store").connect()
+    assert con.sql("SELECT count(*) FROM request_records").fetchall()[0][0] == 4
+    assert con.sql("SELECT count(*) FROM requests").fetchall()[0][0] == 3
+    assert con.sql("SELECT max(reads) FROM request_bytes").fetchall()[0][0] == 2
+    status = con.execute("SELECT status FROM requests WHERE request_id = ?", [again["request_id"]]).fetchall()
+    assert status == [("failed",)]

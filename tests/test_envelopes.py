@@ -368,3 +368,26 @@ def test_fuzz_envelopes(generated: tuple[str, list[str], list[int]], breaking: s
         assert [r[0] for r in con.sql("SELECT line_number FROM rejects ORDER BY 1").fetchall()] == broken
         second = ingest([root / "env"], root / "env-store", year=2026)
         assert second.objects_read == 0 and not any(second.rows.values())
+
+
+@pytest.mark.parametrize("kind", ["cri", "docker"])
+def test_broken_records_of_another_kind_do_not_hide_the_envelope(tmp_path: Path, kind: str) -> None:
+    # The first lines of a CRI file: one vLLM line, then two JSON lines the collector broke
+    # (they look like Docker's records, more of them than CRI lines). The envelope is the kind
+    # whose records unwrap to vLLM lines, not the most common kind: the broken lines are
+    # rejects, and the good one is read as the bare log reads it.
+    lines = [vllm_line(f"Initializing NIXL worker {ENGINE_ID}", stamp="12-01 10:00:00")]
+    lines += [vllm_line("something only counted", stamp=f"12-01 10:00:0{s}") for s in (1, 2, 3)]
+    records = [line for line in envelopegen.WRAPPERS[kind](lines).split("\n") if line]
+    other = "2026-12-01T10:00:00.000000000Z stdout F garbage" if kind == "docker" else '{"log": 5, "time": 1}'
+    records[1] = records[2] = other
+    path = tmp_path / "env" / "decode-0" / "x.log"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(records) + "\n", encoding="utf-8")
+    os.utime(path, (time.time() - 3600, time.time() - 3600))
+    ingest([tmp_path / "env"], tmp_path / "env-store", year=2026)
+    con = Store(tmp_path / "env-store").connect()
+    assert con.sql("SELECT format, status FROM sources").fetchall() == [("vllm_log", "ok")]
+    assert [r[0] for r in con.sql("SELECT line_number FROM rejects ORDER BY 1").fetchall()] == [2, 3]
+    bare = _ingest(tmp_path, "bare", "\n".join([lines[0], "", "", lines[3]]) + "\n")
+    assert _tables(tmp_path / "env-store") == bare

@@ -59,7 +59,7 @@ _INPUT_TABLES = (
 # request rows (a request record beside its reads), and a copy of a million of them costs
 # more than the two or three scans the rules make of the rows.
 ANALYSIS_VIEWS = (
-    "_unsuccessful_reads",
+    "_unusual_reads",
     "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
@@ -235,8 +235,18 @@ def analyze(
                 stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
                 return _analyze(con, stored=stored)
     _settle(con)
-    with materialized(con, ANALYSIS_VIEWS):
+    with materialized(con, ANALYSIS_VIEWS), records_from_rows(con):
         return _analyze(con)
+
+
+@contextmanager
+def records_from_rows(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """``_request_record_rows`` (the request records' columns the request rules read) read from
+    ``_request_rows`` for the duration: one row per record with those columns, which an analysis
+    holds once it has materialized them, where the view itself reads the records' files again."""
+    columns = ", ".join(con.sql("SELECT * FROM _request_record_rows LIMIT 0").columns)
+    with swapped_views(con, {"_request_record_rows": f"SELECT {columns} FROM _request_rows"}):
+        yield
 
 
 def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict:

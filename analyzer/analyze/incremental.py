@@ -82,7 +82,7 @@ STATE_VERSION = 5
 # with every view it reads expanded in it, a few milliseconds each, many times over (the
 # rules read the request model and the sized requests a dozen times); a table is planned as one.
 _WHOLE_VIEWS = (
-    "_unsuccessful_reads",
+    "_unusual_reads",
     "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
@@ -513,7 +513,7 @@ class IncrementalRun:
         ``cut`` (default: unless a full run) reads only the scope's request ids' rows, and
         those that name no request.
         """
-        from hybridtrace.analyze import materialized
+        from hybridtrace.analyze import materialized, records_from_rows
 
         con = self.con
         # a join key for (engine, request) in which a null matches a null, for hash joins
@@ -524,6 +524,7 @@ class IncrementalRun:
             if cutting:
                 stack.enter_context(cut_to_requests(con))
             stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
+            stack.enter_context(records_from_rows(con))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
                 f"SELECT '{v}' AS rule, {_COLUMNS} FROM {v}" for v in _STORED_VIEWS

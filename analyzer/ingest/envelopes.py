@@ -421,13 +421,17 @@ def sniff(lines: list[str]) -> str | None:
         kinds.append(kind)
         if len(kinds) >= 20:
             break
-    if not kinds:
-        return None
-    kind = max(set(kinds), key=kinds.count)
-    unwrapper = Unwrapper(kind)
-    probe = unwrapper.feed([t for t in lines[:200] if len(t) <= LINE_LIMIT], 1, final=True)
-    sample = "\n".join(text for group in probe.groups.values() for _, text in group[:50])
-    return kind if looks_like_vllm_log(sample) else None
+    # The most common kind first, then the others (ties in the order they came): the one
+    # whose records unwrap to vLLM lines. Broken lines of another kind among the first (JSON
+    # the collector could not write whole) must not hide the envelope the others are in.
+    candidates = sorted(dict.fromkeys(kinds), key=lambda k: (-kinds.count(k), kinds.index(k)))
+    head = [t for t in lines[:200] if len(t) <= LINE_LIMIT]
+    for kind in candidates:
+        probe = Unwrapper(kind).feed(head, 1, final=True)
+        sample = "\n".join(text for group in probe.groups.values() for _, text in group[:50])
+        if looks_like_vllm_log(sample):
+            return kind
+    return None
 
 
 class Unwrapper:

@@ -56,9 +56,12 @@ def raw_connection(
     con.execute("SET parquet_metadata_cache = true")
     batches = store.committed_batches() if files_of is None else set()
     without_files = []
+    record_files: list[str] = []
     for name in TABLES:
         schema = table_schema(name)
         files = store.committed_files(name, batches) if files_of is None else list(files_of.get(name, ()))
+        if name == "request_records":
+            record_files = files
         if not files:
             without_files.append(name)
         if files:
@@ -77,7 +80,8 @@ def raw_connection(
             con.execute(f"CREATE VIEW {_raw_view(schema.view)} AS {schema.empty_select()}")
     if files_of is None:
         _check_files_kept(con, store, without_files)
-    _one_record_per_request(con)
+    # a part of a store (files_of) is counted, not looked up: it is not the store's state
+    _one_record_per_request(con, (store.location, record_files) if files_of is None else None)
     _cut_records_read_whole(con)
     install_instance_folders(con)
     _engines_named_later(con)
@@ -211,25 +215,48 @@ def _cut_records_read_whole(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _one_record_per_request(con: duckdb.DuckDBPyConnection) -> None:
+# Grouping on one 64-bit hash of the key is cheaper than on the two strings (a third of the
+# time on a million requests). Equal keys hash equal, so no repeat is missed; only a hash
+# collision counts one that is not there, so a count above zero is confirmed on the key itself.
+_REPEATED_SQL = "SELECT count(*) - count(DISTINCT hash(engine_id, request_id)) FROM request_records"
+_REPEATED_CONFIRM_SQL = (
+    "SELECT count(*) FROM (SELECT 1 FROM request_records GROUP BY engine_id, request_id HAVING count(*) > 1)"
+)
+
+
+def _repeated_records(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """How many (engine, request) keys ``request_records`` holds more than once, as a table of one row."""
+    import pyarrow as pa
+
+    repeated = con.sql(_REPEATED_SQL).fetchall()[0][0]
+    if repeated:
+        repeated = con.sql(_REPEATED_CONFIRM_SQL).fetchall()[0][0]
+    return pa.table({"repeated": pa.array([repeated], pa.int64())})
+
+
+def _one_record_per_request(con: duckdb.DuckDBPyConnection, state: tuple[str, list[str]] | None) -> None:
     """``requests``: one row per request, the latest record when a connector wrote several.
 
     The trace writes a request once; one written twice, at two times, is two rows by the
     store's key, and every view joining a read to its request would count the read twice.
     The latest record stands (its status is the final one); ``request_records`` keeps all.
     Checking first keeps the common case (no repeats) a plain view.
+
+    ``state`` is the store's location and its committed files of request records; with it the
+    count is kept for the next connection on the same files.
     """
-    # Grouping on one 64-bit hash of the key is cheaper than on the two strings (a third of
-    # the time on a million requests, where this check is most of opening a store). Equal
-    # keys hash equal, so no repeat is missed; only a hash collision counts one that is not
-    # there, so a count above zero is confirmed on the key itself.
-    repeated = con.sql(
-        "SELECT count(*) - count(DISTINCT hash(engine_id, request_id)) FROM request_records"
-    ).fetchall()[0][0]
-    if repeated:
-        repeated = con.sql(
-            "SELECT count(*) FROM (SELECT 1 FROM request_records "
-            "GROUP BY engine_id, request_id HAVING count(*) > 1)"
-        ).fetchall()[0][0]
+    if state is None:
+        repeated = _repeated_records(con).column(0)[0].as_py()
+    else:
+        from hybridtrace.store.catalog import derived_table
+
+        # Counting costs most of opening a large store (a tenth of a second on a million
+        # requests), and its answer is fixed for the files read (written once, under names of
+        # their own): kept beside the link fits, so that commands run one after another on a
+        # store count once. The files are named in the key: a bucket's views do not name them.
+        location, files = state
+        code = "\n".join([_REPEATED_SQL, _REPEATED_CONFIRM_SQL, str(location), *files])
+        found = derived_table("repeats", con, code, lambda: _repeated_records(con))
+        repeated = found.column(0)[0].as_py()
     latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
     con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
