@@ -11,7 +11,9 @@ in a fresh interpreter:
   them: counting the groups alone lets the optimizer drop every aggregate and read the
   three key columns only, a DISTINCT and not the GROUP BY this claims to be;
 - ``hybridtrace analyze`` on the store (every rule, the summary and the input counts).
-Prints both times, their ratio and each peak RSS.
+Prints both best times, their ratio and each peak RSS, and the median ratio of the
+back-to-back pairs (one baseline, then one analysis, per repeat): on a shared machine whose
+speed drifts, the best of each side can come from minutes apart.
 
 With --incremental (issue 20's first figure) the store is built without the last requests
 of the decode trace; those arrive afterwards as one new object (a trace part of their own),
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -95,14 +98,16 @@ def main() -> None:
         f"result = analyze(Store({str(store)!r}).connect())\n"
         "print(json.dumps({'transfers': result.inputs['transfers'], 'findings': len(result)}))\n"
     )
-    best: dict[str, tuple[float, int, str]] = {}
+    runs: dict[str, list[tuple[float, int, str]]] = {"baseline": [], "analyze": []}
     for _ in range(args.repeat):
         for name, code in (("baseline", baseline_code), ("analyze", analyze_code)):
-            run = run_timed(code)
-            if name not in best or run[0] < best[name][0]:
-                best[name] = run
+            runs[name].append(run_timed(code))
+    best = {name: min(got, key=lambda run: run[0]) for name, got in runs.items()}
     base_s, base_rss, groups = best["baseline"]
     analyze_s, analyze_rss, counts = best["analyze"]
+    # each repeat runs the two back to back: the ratio of a pair is taken in the same few
+    # seconds of a shared machine, whose speed drifts by tens of percent over minutes
+    pairs = [a[0] / b[0] for b, a in zip(runs["baseline"], runs["analyze"], strict=True)]
     counted = json.loads(counts)
     print(f"store             {args.requests:,} requests, {counted['transfers']:,} reads, {groups} groups")
     print(f"GROUP BY baseline {base_s:6.2f} s  peak RSS {base_rss / 2**20:,.0f} MiB")
@@ -110,7 +115,9 @@ def main() -> None:
         f"analyze           {analyze_s:6.2f} s  peak RSS {analyze_rss / 2**20:,.0f} MiB"
         f"  ({counted['findings']:,} findings)"
     )
-    print(f"analyze / baseline: {analyze_s / base_s:.2f}x")
+    print(f"analyze / baseline: {analyze_s / base_s:.2f}x (best of each)")
+    print(f"the {len(pairs)} back-to-back pairs: median {statistics.median(pairs):.2f}x, "
+          f"from {min(pairs):.2f}x to {max(pairs):.2f}x")
 
 
 def _timed(code: str) -> tuple[float, str]:
