@@ -233,10 +233,15 @@ class CatalogConnection:
 _ARROW_SOURCE = re.compile(r"__duckdb_source_\w+")
 
 
-def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path | None:
+def _derived_path(
+    kind: str, con: duckdb.DuckDBPyConnection, code: str, *, of_views: bool = True
+) -> Path | None:
     where = _directory()
     if where is None:
         return None
+    if not of_views:  # ``code`` names every file the result reads
+        digest = hashlib.sha256(f"{_key()}\0{code}".encode()).hexdigest()[:32]
+        return where / f"{kind}-{digest}.arrow"
     # The analysis' own state is left out: nothing computed at open reads it. The manifest
     # (`sources`) counts by its rows, not its files: what is made of it at open (which engine
     # an instance folder is) reads its rows, and the batch each analysis commits its state in
@@ -263,15 +268,21 @@ def _derived_path(kind: str, con: duckdb.DuckDBPyConnection, code: str) -> Path 
 
 
 def derived_table(
-    kind: str, con: duckdb.DuckDBPyConnection, code: str, compute: Callable[[], pa.Table]
+    kind: str,
+    con: duckdb.DuckDBPyConnection,
+    code: str,
+    compute: Callable[[], pa.Table],
+    *,
+    of_views: bool = True,
 ) -> pa.Table:
     """``compute()``'s table for the data behind ``con``, kept from an earlier connection
     that read the same files with the same ``code`` (the text of what computes it) when
     there is one; else computed and kept for the next. A kept table that cannot be read is
-    computed again."""
+    computed again. Without ``of_views`` the files are not read off ``con``'s views and
+    manifest: ``code`` names every one the result depends on."""
     import pyarrow as pa
 
-    path = _derived_path(kind, con, code)
+    path = _derived_path(kind, con, code, of_views=of_views)
     if path is not None and path.exists():
         try:
             # read into memory (the file is small), so no table refers to a mapping of it

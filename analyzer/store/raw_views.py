@@ -60,7 +60,7 @@ def raw_connection(
     for name in TABLES:
         schema = table_schema(name)
         files = store.committed_files(name, batches) if files_of is None else list(files_of.get(name, ()))
-        if name == "request_records":
+        if name == "requests":  # its raw view is request_records
             record_files = files
         if not files:
             without_files.append(name)
@@ -256,7 +256,7 @@ def _one_record_per_request(con: duckdb.DuckDBPyConnection, state: tuple[str, li
         # store count once. The files are named in the key: a bucket's views do not name them.
         location, files = state
         code = "\n".join([_REPEATED_SQL, _REPEATED_CONFIRM_SQL, str(location), *files])
-        found = derived_table("repeats", con, code, lambda: _repeated_records(con))
+        found = derived_table("repeats", con, code, lambda: _repeated_records(con), of_views=False)
         repeated = found.column(0)[0].as_py()
     latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
     con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
