@@ -29,15 +29,13 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
-_TRACE_DROPPED = (
-    "SELECT coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)), 0) "
-    "FROM log_events WHERE kind = 'trace_dropped'"
-)
 # The rules run together, and those that read the others' findings once those are in.
 _FIRST_RULES = tuple(r for r in RULES if not r.after_others)
 _LATER_RULES = tuple(r for r in RULES if r.after_others)
 # Kinds counted in findings_by_kind even when nothing raised them.
 _COUNTED_KINDS = KINDS + VERIFY_KINDS
+# The input tables counted; those of them that grow with the requests are read from
+# ``_input_counts`` (an incremental analysis keeps them as counters), the others counted.
 _INPUT_TABLES = (
     "transfers",
     "requests",
@@ -48,6 +46,7 @@ _INPUT_TABLES = (
     "engine_models",
     "verifications",
 )
+_COUNTED_INPUTS = ("transfers", "requests", "log_events")
 
 
 # Views several rules read: computed once per analysis instead of once per rule, in this
@@ -64,6 +63,7 @@ ANALYSIS_VIEWS = (
     "_request_reads",
     "_request_rows",
     "_accounting_totals",
+    "_input_counts",
     "_excess_request_model",
     "_excess_reads",
     "_untimed_handoffs",
@@ -273,11 +273,15 @@ def _analyze(
     severity, column ``n``): those views are not run, their findings are listed from the
     relation where it is and counted from the counts."""
 
-    counted_inputs = {name: f"SELECT count(*) FROM {name}" for name in _INPUT_TABLES}
+    counted_inputs = {
+        name: (f"SELECT {name} FROM _input_counts" if name in _COUNTED_INPUTS
+               else f"SELECT count(*) FROM {name}")
+        for name in _INPUT_TABLES
+    }
     counted_inputs["transfers_accounted"] = "SELECT reads FROM _accounting_totals"
     # What the trace writers said they dropped (their `dropped` records): how incomplete the
     # trace the rules read is.
-    counted_inputs["trace_records_dropped"] = _TRACE_DROPPED
+    counted_inputs["trace_records_dropped"] = "SELECT trace_records_dropped FROM _input_counts"
     # the rules with nothing to judge (no engine of the kind they judge): not run, no inputs
     required = {rule.name: rule.requires for rule in RULES if rule.requires}
     counted_inputs.update({f"requires {name}": sql for name, sql in required.items()})

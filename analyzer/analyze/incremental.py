@@ -75,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 5
+STATE_VERSION = 6
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -421,8 +421,10 @@ class IncrementalRun:
         the rollups they replace) and ``_current_counts`` (every count, state and change)."""
         con = self.con
         dated = "(SELECT f.*, d.day FROM _scope_findings f LEFT JOIN _scope_days d USING (request_id))"
+        inputs = "(SELECT i.*, d.day FROM _scope_inputs i LEFT JOIN _scope_days d USING (request_id))"
         scope_counts = (
             _COUNTS.format(rollups="_scope_rollups") + " UNION ALL " + _FINDING_COUNTS.format(findings=dated)
+            + " UNION ALL " + _INPUT_COUNTS.format(markers=inputs)
         )
         con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_counts AS {scope_counts}")
         if self.full:
@@ -448,6 +450,11 @@ class IncrementalRun:
                     WHERE x.seq >= {full_seq} AND {rows}
                       AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
 
+            markers = replaced("analysis_requests", "x.engine_id IS NULL")
+            unnamed = (
+                f"(SELECT * FROM analysis_requests WHERE seq = {self.seq - 1} AND request_id IS NULL "
+                "AND engine_id IS NULL)"
+            )
             con.execute(
                 f"""
                 CREATE OR REPLACE TEMP TABLE _run_counts AS
@@ -457,6 +464,12 @@ class IncrementalRun:
                     FROM ({_COUNTS.format(rollups=replaced("analysis_requests", "x.engine_id IS NOT NULL"))})
                     UNION ALL SELECT engine_id, day, counter, key, -value
                     FROM ({_FINDING_COUNTS.format(findings=replaced("analysis_findings"))})
+                    -- the input counts of the request ids' markers, and those of the rows that
+                    -- name no request as the last run that wrote state counted them
+                    UNION ALL SELECT engine_id, day, counter, key, -value
+                    FROM ({_INPUT_COUNTS.format(markers=markers)})
+                    UNION ALL SELECT engine_id, day, counter, key, -value
+                    FROM ({_INPUT_COUNTS.format(markers=unnamed)})
                 ) GROUP BY ALL HAVING sum(value) <> 0
                 """
             )
@@ -494,8 +507,14 @@ class IncrementalRun:
         # the byte sums as _SCOPE_ROLLUPS gives them (128-bit: the state keeps them in 64 bits)
         sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq) REPLACE ({sums}) "
-            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
+            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq, {_INPUT_COLUMNS}) "
+            f"REPLACE ({sums}) FROM analysis_requests WHERE seq = {last} AND request_id IS NULL "
+            "AND engine_id IS NOT NULL"
+        )
+        # the rows naming no request as that run counted them: the same rows
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _scope_inputs AS SELECT request_id, {_INPUT_COLUMNS} "
+            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL AND engine_id IS NULL"
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day "
@@ -534,6 +553,7 @@ class IncrementalRun:
             with swapped_views(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
             con.execute(_SCOPE_DAYS)
+            con.execute(_SCOPE_INPUTS)
             con.execute(_SCOPE_ROLLUPS)
         if windows:
             # no window in scope: the table empty, without a scan of the reads for none
@@ -563,6 +583,7 @@ class IncrementalRun:
                                        "WHERE counter = 'handoff_prefill'",
             "_rank_windows": _RANK_WINDOWS,
             "_named_trace_events": _NAMED_TRACE_EVENTS,
+            "_input_counts": _STATE_INPUT_COUNTS,
         }  # fmt: skip
         # _config_pairs reads only the engine pairs of the reads: it reads them from the counts
         con = self.con
@@ -630,9 +651,12 @@ class IncrementalRun:
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
             "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
         }])  # fmt: skip
+        inputs = ", ".join(f"coalesce(i.{c}, 0) AS {c}" for c in _INPUT_COLUMNS.split(", "))
         markers = (
-            "SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day FROM _scope_ids s "
-            "LEFT JOIN _scope_days d USING (request_id)"
+            f"SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day, {inputs} FROM _scope_ids s "
+            "LEFT JOIN _scope_days d USING (request_id) LEFT JOIN _scope_inputs i USING (request_id) "
+            f"UNION ALL SELECT NULL, NULL, NULL, {inputs} FROM (SELECT 1) "
+            "LEFT JOIN _scope_inputs i ON i.request_id IS NULL"
         )
         tables = {
             "analysis_runs": runs,
@@ -758,6 +782,53 @@ LEFT JOIN rq USING (k)
 LEFT JOIN sh USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
+
+# The request-scoped inputs' rows (the _input_counts view) per scope request id, and of the rows
+# that name none (request_id null), as the markers carry them: what the counters of those
+# counts are changed by.
+_INPUT_COLUMNS = (
+    "input_transfers, input_transfers_ok, input_requests, input_requests_with_tokens, input_log_events, "
+    "input_trace_records_dropped"
+)
+_SCOPE_INPUTS = """
+CREATE OR REPLACE TEMP TABLE _scope_inputs AS
+SELECT request_id,
+       CAST(coalesce(sum(input_transfers), 0) AS BIGINT) AS input_transfers,
+       CAST(coalesce(sum(input_transfers_ok), 0) AS BIGINT) AS input_transfers_ok,
+       CAST(coalesce(sum(input_requests), 0) AS BIGINT) AS input_requests,
+       CAST(coalesce(sum(input_requests_with_tokens), 0) AS BIGINT) AS input_requests_with_tokens,
+       CAST(coalesce(sum(input_log_events), 0) AS BIGINT) AS input_log_events,
+       CAST(coalesce(sum(input_trace_records_dropped), 0) AS BIGINT) AS input_trace_records_dropped
+FROM (
+    SELECT request_id, count(*) AS input_transfers,
+           count(*) FILTER (WHERE status = 'ok') AS input_transfers_ok
+    FROM transfers GROUP BY request_id
+    UNION ALL BY NAME
+    SELECT request_id, count(*) AS input_requests, count(transferred_tokens) AS input_requests_with_tokens
+    FROM requests GROUP BY request_id
+    UNION ALL BY NAME
+    SELECT request_id, count(*) AS input_log_events,
+           sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)) FILTER (WHERE kind = 'trace_dropped')
+               AS input_trace_records_dropped
+    FROM log_events GROUP BY request_id
+) GROUP BY request_id
+"""
+
+# The input counts of a relation of markers (as _scope_inputs has them, with their day).
+_INPUT_COUNTS = """
+SELECT CAST(NULL AS VARCHAR) AS engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value FROM (
+    UNPIVOT (SELECT day, """ + ", ".join(
+    f"CAST(coalesce(sum({c}), 0) AS BIGINT) AS {c}" for c in _INPUT_COLUMNS.split(", ")
+) + """ FROM {markers} GROUP BY day)
+    ON COLUMNS(* EXCLUDE (day)) INTO NAME counter VALUE value
+)
+"""
+
+# _input_counts from the counters.
+_STATE_INPUT_COUNTS = "SELECT " + ", ".join(
+    f"CAST(coalesce(sum(value) FILTER (WHERE counter = '{c}'), 0) AS BIGINT) AS {c.removeprefix('input_')}"
+    for c in _INPUT_COLUMNS.split(", ")
+) + " FROM _current_counts WHERE engine_id IS NULL"
 
 # The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
 _ROLLUP_SUMS = (
