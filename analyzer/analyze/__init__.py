@@ -78,6 +78,8 @@ SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report rea
 # is small there, and what costs is planning each rule with every view it reads expanded in
 # it (a few milliseconds a view, many times over); a table is planned as one.
 MERGED_VIEWS = (
+    "_accounting_totals",
+    "_input_counts",
     "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
@@ -249,12 +251,20 @@ def records_from_rows(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         yield
 
 
-def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict:
-    """Each query's one value, all in one statement: one round trip and one plan, not one per count."""
+def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict[str, int | None]:
+    """Each query's one value (a count), all in one statement: one round trip, not one per count.
+
+    A union of the queries as derived tables, not one row of scalar subqueries: DuckDB plans
+    each scalar subquery as a join of its own, which costs more than the counts themselves.
+    """
     if not queries:
         return {}
-    columns = ", ".join(f"({sql}) AS c{i}" for i, sql in enumerate(queries.values()))
-    return dict(zip(queries, con.sql(f"SELECT {columns}").fetchall()[0], strict=True))
+    union = " UNION ALL ".join(
+        f"SELECT {i} AS i, CAST(v AS BIGINT) AS v FROM ({sql}) AS q(v)"
+        for i, sql in enumerate(queries.values())
+    )
+    found = dict(con.sql(union).fetchall())
+    return {name: found.get(i) for i, name in enumerate(queries)}
 
 
 def _settle(con: duckdb.DuckDBPyConnection) -> None:

@@ -420,20 +420,16 @@ class IncrementalRun:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
         the rollups they replace) and ``_current_counts`` (every count, state and change)."""
         con = self.con
-        dated = "(SELECT f.*, d.day FROM _scope_findings f LEFT JOIN _scope_days d USING (request_id))"
-        inputs = "(SELECT i.*, d.day FROM _scope_inputs i LEFT JOIN _scope_days d USING (request_id))"
-        scope_counts = (
-            _COUNTS.format(rollups="_scope_rollups") + " UNION ALL " + _FINDING_COUNTS.format(findings=dated)
-            + " UNION ALL " + _INPUT_COUNTS.format(markers=inputs)
-        )
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_counts AS {scope_counts}")
-        if self.full:
-            con.execute("CREATE OR REPLACE TEMP TABLE _run_counts AS SELECT * FROM _scope_counts")
-        else:
-            # the rollups and findings of the scope's ids that counted until now: the newest of
-            # each id's since the last full run (as _merged_requests reads the others), those no
-            # later marker of the id outdates; a short list of ids is spelled out, so that the
-            # scans filter the stored rows as they read them
+        rollups = "SELECT 1 AS sign, * FROM _scope_rollups"
+        days = "LEFT JOIN _scope_days d USING (request_id)"
+        findings = f"SELECT 1 AS sign, f.*, d.day FROM _scope_findings f {days}"
+        inputs = f"SELECT 1 AS sign, i.*, d.day FROM _scope_inputs i {days}"
+        if not self.full:
+            # the rollups, markers and findings of the scope's ids that counted until now: the
+            # newest of each id's since the last full run (as _merged_requests reads the others),
+            # those no later marker of the id outdates; a short list of ids is spelled out, so
+            # that the scans filter the stored rows as they read them. Each is counted with the
+            # sign -1 beside the scope's own: one count of both gives the change.
             scoped = _in_scope(con, "request_id")
             con.execute(
                 f"""
@@ -443,36 +439,38 @@ class IncrementalRun:
                 """
             )
 
-            def replaced(table: str, rows: str = "true") -> str:
-                return f"""(
-                    SELECT x.* FROM (SELECT * FROM {table} WHERE {scoped}) x
+            def replaced(table: str) -> str:
+                return f"""
+                    SELECT -1 AS sign, x.* EXCLUDE (seq) FROM (SELECT * FROM {table} WHERE {scoped}) x
                     LEFT JOIN _scope_markers m ON m.request_id = x.request_id
-                    WHERE x.seq >= {full_seq} AND {rows}
-                      AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+                    WHERE x.seq >= {full_seq} AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq)"""
 
-            markers = replaced("analysis_requests", "x.engine_id IS NULL")
-            unnamed = (
-                f"(SELECT * FROM analysis_requests WHERE seq = {self.seq - 1} AND request_id IS NULL "
-                "AND engine_id IS NULL)"
+            # the stored rows of the scope's ids once: rollups and markers are both there
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _replaced_requests AS {replaced('analysis_requests')}")
+            sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
+            rollups += (
+                f" UNION ALL BY NAME SELECT * EXCLUDE ({_INPUT_COLUMNS}) REPLACE ({sums}) "
+                "FROM _replaced_requests WHERE engine_id IS NOT NULL"
             )
-            con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE _run_counts AS
-                SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
-                    SELECT * FROM _scope_counts
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_COUNTS.format(rollups=replaced("analysis_requests", "x.engine_id IS NOT NULL"))})
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_FINDING_COUNTS.format(findings=replaced("analysis_findings"))})
-                    -- the input counts of the request ids' markers, and those of the rows that
-                    -- name no request as the last run that wrote state counted them
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_INPUT_COUNTS.format(markers=markers)})
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_INPUT_COUNTS.format(markers=unnamed)})
-                ) GROUP BY ALL HAVING sum(value) <> 0
-                """
+            findings += f" UNION ALL BY NAME {replaced('analysis_findings')}"
+            # the markers' input counts, and those of the rows that name no request as the last
+            # run that wrote state counted them
+            columns = f"request_id, day, {_INPUT_COLUMNS}"
+            inputs += (
+                f" UNION ALL BY NAME SELECT sign, {columns} FROM _replaced_requests WHERE engine_id IS NULL "
+                f"UNION ALL BY NAME SELECT -1 AS sign, {columns} FROM analysis_requests "
+                f"WHERE seq = {self.seq - 1} AND request_id IS NULL AND engine_id IS NULL"
             )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _run_counts AS
+            SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
+                {_COUNTS.format(rollups=f"({rollups})")}
+                UNION ALL {_FINDING_COUNTS.format(findings=f"({findings})")}
+                UNION ALL {_INPUT_COUNTS.format(markers=f"({inputs})")}
+            ) GROUP BY ALL HAVING sum(value) <> 0
+            """
+        )
         stored = (
             ""
             if self.full
@@ -814,11 +812,12 @@ FROM (
 ) GROUP BY request_id
 """
 
-# The input counts of a relation of markers (as _scope_inputs has them, with their day).
+# The input counts of a relation of markers (as _scope_inputs has them, with their day and a
+# sign: 1 for the scope's, -1 for those they replace).
 _INPUT_COUNTS = """
 SELECT CAST(NULL AS VARCHAR) AS engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value FROM (
     UNPIVOT (SELECT day, """ + ", ".join(
-    f"CAST(coalesce(sum({c}), 0) AS BIGINT) AS {c}" for c in _INPUT_COLUMNS.split(", ")
+    f"CAST(coalesce(sum(sign * {c}), 0) AS BIGINT) AS {c}" for c in _INPUT_COLUMNS.split(", ")
 ) + """ FROM {markers} GROUP BY day)
     ON COLUMNS(* EXCLUDE (day)) INTO NAME counter VALUE value
 )
@@ -861,56 +860,61 @@ WHERE t.status = 'ok' AND t.xfer_s > 0
 GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
 """
 
-# The counts of a relation of rollups (as _scope_rollups has them), per (engine, day): the
-# sums _accounting_totals, slow_rank and recompute_cheaper's inputs read, and each request's
+_BYTE_SUMS = (
+    "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
+)  # fmt: skip
+# The counts of a relation of rollups (as _scope_rollups has them, with a sign: 1 for the
+# scope's, -1 for the stored ones they replace), per (engine, day): the change to the sums
+# _accounting_totals, slow_rank and recompute_cheaper's inputs read, and to each request's
 # prefill engines (_config_pairs). A byte sum has its count of requests with a value beside it,
 # so that a sum over none stays null. Summed over runs they are the counts of the current rollups.
 _COUNTS = """
 WITH r AS (SELECT * FROM {rollups}),
 sums AS (
     SELECT engine_id, day,
-           CAST(sum(reads) AS BIGINT) AS reads, CAST(sum(reads_ok) AS BIGINT) AS reads_ok,
-           CAST(sum(reads_sized) AS BIGINT) AS reads_sized,
-           CAST(sum(logical_bytes) AS BIGINT) AS logical_bytes, count(logical_bytes) AS logical_bytes_n,
-           CAST(sum(expected_bytes) AS BIGINT) AS expected_bytes, count(expected_bytes) AS expected_bytes_n,
-           CAST(sum(reserved_bytes) AS BIGINT) AS reserved_bytes, count(reserved_bytes) AS reserved_bytes_n,
-           CAST(sum(transported_bytes) AS BIGINT) AS transported_bytes,
-           count(transported_bytes) AS transported_bytes_n,
-           CAST(sum(sized_transported_bytes) AS BIGINT) AS sized_transported_bytes,
-           count(sized_transported_bytes) AS sized_transported_bytes_n,
-           count(*) FILTER (WHERE handoff AND prefill_s IS NOT NULL) AS handoff_prefill,
-           count(*) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL) AS critical_path,
-           CAST(coalesce(sum(failed_named), 0) AS BIGINT) AS failed_named
+           CAST(sum(sign * reads) AS BIGINT) AS reads, CAST(sum(sign * reads_ok) AS BIGINT) AS reads_ok,
+           CAST(sum(sign * reads_sized) AS BIGINT) AS reads_sized,
+""" + "".join(
+    f"           CAST(sum(sign * {c}) AS BIGINT) AS {c},\n"
+    f"           CAST(coalesce(sum(sign) FILTER (WHERE {c} IS NOT NULL), 0) AS BIGINT)\n"
+    f"               AS {c}_n,\n"
+    for c in _BYTE_SUMS
+) + """           CAST(coalesce(sum(sign) FILTER (WHERE handoff AND prefill_s IS NOT NULL), 0) AS BIGINT)
+               AS handoff_prefill,
+           CAST(coalesce(sum(sign) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL), 0) AS BIGINT)
+               AS critical_path,
+           CAST(coalesce(sum(sign * failed_named), 0) AS BIGINT) AS failed_named
     FROM r GROUP BY ALL
 ),
 pairs AS (
-    SELECT engine_id, day, remote_engine_id AS remote FROM r WHERE remote_count = 1
+    SELECT engine_id, day, sign, remote_engine_id AS remote FROM r WHERE remote_count = 1
     UNION ALL
-    SELECT engine_id, day, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
+    SELECT engine_id, day, sign, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
     WHERE remote_count > 1
-    UNION ALL SELECT engine_id, day, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
+    UNION ALL SELECT engine_id, day, sign, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
 )
 SELECT engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value
 FROM (UNPIVOT sums ON COLUMNS(* EXCLUDE (engine_id, day)) INTO NAME counter VALUE value)
 UNION ALL
-SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), count(*) FROM r
+SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), CAST(sum(sign) AS BIGINT) FROM r
 WHERE has_reads AND slowest_rank IS NOT NULL GROUP BY ALL
 UNION ALL
-SELECT engine_id, day, 'pair', remote, count(*) FROM pairs GROUP BY ALL
+SELECT engine_id, day, 'pair', remote, CAST(sum(sign) AS BIGINT) FROM pairs GROUP BY ALL
 UNION ALL
-SELECT engine_id, day, 'expired_named', remote, count(*) FROM (
-    SELECT engine_id, day,
+SELECT engine_id, day, 'expired_named', remote, CAST(sum(sign) AS BIGINT) FROM (
+    SELECT engine_id, day, sign,
            unnest(CAST(json_extract_string(expired_named_remotes, '$[*]') AS VARCHAR[])) AS remote
     FROM r WHERE expired_named_remotes IS NOT NULL
 ) GROUP BY ALL
 """
 
-# The findings of a relation of stored findings (as _scope_findings has them, with their day),
-# counted per (engine, day) and (rule view, kind, severity): the analysis' summary counts. Those
-# that name no request count in the run that found them only, as _merged_findings lists them.
+# The findings of a relation of stored findings (as _scope_findings has them, with their day and
+# a sign as above), counted per (engine, day) and (rule view, kind, severity): the analysis'
+# summary counts. Those that name no request count in the run that found them only, as
+# _merged_findings lists them.
 _FINDING_COUNTS = """
 SELECT engine_id, day, 'findings' AS counter, CAST(to_json([rule, kind, severity]) AS VARCHAR) AS key,
-       count(*) AS value
+       CAST(sum(sign) AS BIGINT) AS value
 FROM {findings} WHERE request_id IS NOT NULL GROUP BY ALL
 """
 
