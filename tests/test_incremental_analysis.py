@@ -241,7 +241,7 @@ def test_a_run_with_nothing_new_reuses_the_last_runs_rows_instead_of_running_the
     run = IncrementalRun(con, Store(job.store), full=False)
     run.plan()
     assert run.unchanged() and run.seq == 3
-    tables = ("_scope_findings", "_scope_rollups", "_scope_days", "_scope_window_rows")
+    tables = ("_scope_findings", "_scope_rollups", "_scope_inputs", "_scope_days", "_scope_window_rows")
 
     def rows() -> dict[str, list]:
         return {t: sorted(map(repr, con.sql(f"SELECT * FROM {t}").fetchall())) for t in tables}
@@ -393,3 +393,44 @@ def test_input_counts_follow_rows_naming_no_request_and_dropped_records_across_r
         assert incremental.inputs == whole.inputs
         assert incremental.inputs["trace_records_dropped"] == expected[step]
         assert incremental.inputs["log_events"] == whole.inputs["log_events"] > 0
+
+
+def test_a_run_with_nothing_new_answers_with_the_last_runs_result(bundle, tmp_path, monkeypatch):
+    """With nothing new since the last run that wrote state, the analysis answers with that run's
+    result (its counts, its summary, the findings it recomputed and the stored ones) and runs no
+    rule; a run of other code does not, and then stores its own result for the next."""
+    import hybridtrace.analyze as analysis
+    from hybridtrace.analyze import incremental
+
+    job = Growing(bundle, tmp_path)
+    job.add("models", "decode-0/metrics-*")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    first = analyze(Store(job.store).connect(), incremental=True)
+    assert len(first) > 0 and _last_run(job.store)["result"] is not None
+    with_rules = analysis._analyze
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the rules ran with nothing new")
+
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    answered = analyze(Store(job.store).connect(), incremental=True)
+    monkeypatch.setattr(analysis, "_analyze", with_rules)
+    assert _as_text(answered) == _as_text(analyze(Store(job.store).connect()))
+    assert _last_run(job.store)["seq"] == 1
+    # the report reads the merged rollups the answer leaves
+    con = Store(job.store).connect()
+    analyze(con, incremental=True)
+    assert con.sql("SELECT count(*) FROM _merged_requests").fetchall()[0][0] > 0
+    # other code: the rules run, and their result is stored (one run more) for the next run
+    monkeypatch.setattr(incremental, "_code", lambda: "another version")
+    assert _check(job.store)["seq"] == 2
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    assert _as_text(analyze(Store(job.store).connect(), incremental=True)) == _as_text(answered)
+    # new data: the rules run again
+    monkeypatch.setattr(analysis, "_analyze", with_rules)
+    job.grow(0.7, 1.0)
+    job.ingest()
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    with pytest.raises(AssertionError, match="the rules ran"):
+        analyze(Store(job.store).connect(), incremental=True)

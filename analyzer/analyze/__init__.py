@@ -159,6 +159,11 @@ class Analysis:
         return f"Analysis({len(self)} findings, inputs={self.inputs!r})"
 
     @property
+    def source_name(self) -> str | None:
+        """The temporary table or view the findings are read from until they are sorted."""
+        return self._source[1] if self._source is not None else None
+
+    @property
     def table(self) -> pa.Table:
         """Every finding, in the order ``analyze --format json`` lists them."""
         if self._table is None:
@@ -227,15 +232,30 @@ def analyze(
 
         store = store_of(con)
         if store is not None:
-            from hybridtrace.analyze.incremental import CURRENT_FINDING_COUNTS, CURRENT_FINDINGS, STORED_RULES
+            from hybridtrace.analyze.incremental import (
+                CURRENT_FINDING_COUNTS,
+                CURRENT_FINDINGS,
+                STORED_RULES,
+                answer_unchanged,
+            )
 
             _settle(con)
-            with (
-                incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
-                materialized(con, MERGED_VIEWS),
-            ):
-                stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
-                return _analyze(con, stored=stored)
+            if incremental and not full:
+                answer = answer_unchanged(con, store)
+                if answer is not None:
+                    return _answered(con, *answer)
+            with incremental_views(
+                con, store, full=full or not incremental, scope=scope, write=incremental
+            ) as run:
+                with materialized(con, MERGED_VIEWS):
+                    stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
+                    result = _analyze(con, stored=stored)
+                # kept with the state: the findings it computed over the whole store now
+                recomputed = (
+                    f"SELECT * FROM {result.source_name}_new UNION ALL BY NAME SELECT * FROM _fitted_findings"
+                )
+                run.result = (result.inputs, result.summary, recomputed)
+            return result
     _settle(con)
     with materialized(con, ANALYSIS_VIEWS), records_from_rows(con):
         return _analyze(con)
@@ -249,6 +269,24 @@ def records_from_rows(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     columns = ", ".join(con.sql("SELECT * FROM _request_record_rows LIMIT 0").columns)
     with swapped_views(con, {"_request_record_rows": f"SELECT {columns} FROM _request_rows"}):
         yield
+
+
+def _answered(con: duckdb.DuckDBPyConnection, inputs: dict, summary: dict, recomputed: str) -> Analysis:
+    """The Analysis of an earlier run's answer (``answer_unchanged``): its findings those it
+    recomputed (``recomputed``, SQL) and the stored ones (``_merged_findings``)."""
+    kept = f"_findings_{next(_RESULTS)}"
+    con.execute(f"CREATE TEMP TABLE {kept}_new AS {recomputed}")
+    con.execute(f"CREATE TEMP VIEW {kept} AS SELECT * FROM {kept}_new "
+                "UNION ALL BY NAME SELECT * FROM _merged_findings")  # fmt: skip
+    return _unread(Analysis(None, inputs, summary, source=(con, kept)), con)
+
+
+def _unread(result: Analysis, con: duckdb.DuckDBPyConnection) -> Analysis:
+    """``result``, its findings still in ``con``: sorted before another analysis there replaces them."""
+    for key in [k for k, unread in _UNREAD.items() if not unread]:  # connections long gone
+        del _UNREAD[key]
+    _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
+    return result
 
 
 def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict[str, int | None]:
@@ -384,8 +422,4 @@ def _analyze(
         "rules": rules,
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
-    result = Analysis(None, inputs, summary, source=(con, kept))
-    for key in [k for k, unread in _UNREAD.items() if not unread]:  # connections long gone
-        del _UNREAD[key]
-    _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
-    return result
+    return _unread(Analysis(None, inputs, summary, source=(con, kept)), con)

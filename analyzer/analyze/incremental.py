@@ -75,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 6
+STATE_VERSION = 7
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -207,20 +207,25 @@ class IncrementalRun:
     thresholds: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
+    # the last committed run's result cannot answer for this code (another version wrote it)
+    stale_result: bool = False
+    # the analysis' result, set before the state is written: its input counts, its summary and
+    # the relation of the findings it recomputed over the whole store (analysis_run_findings)
+    result: tuple[dict, dict, str] | None = None
 
     # --- what is new -------------------------------------------------------------------
 
     def plan(self) -> None:
         """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
         con = self.con
-        self.thresholds = _scalar(
-            con, "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), "
-            "'')) FROM _thresholds")  # fmt: skip
+        self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
         self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
         last = con.sql(
-            "SELECT seq, thresholds, engines, state_version FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+            "SELECT seq, thresholds, engines, state_version, code, result IS NULL FROM analysis_runs "
+            "ORDER BY seq DESC LIMIT 1"
         ).fetchall()
         self.seq = (last[0][0] + 1) if last else 1
+        self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5])
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT "
             "unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
@@ -362,6 +367,28 @@ class IncrementalRun:
             if self.full
             else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
         )
+        self.merge(full_seq)
+        self._counts(full_seq)
+        window_keep = (
+            "false"
+            if self.full
+            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_windows AS
+            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
+            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
+            WHERE {window_keep}
+            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
+            """
+        )
+
+    def merge(self, full_seq: int) -> None:
+        """``_merged_requests`` and ``_merged_findings``: the stored rollups and findings that
+        still count (since the last full run ``full_seq``), with the scope's."""
+        con = self.con
         # a stored row counts unless a later run (or this one) recomputed its request id: the
         # marker rows of runs since the last full one are few, and the full run's files are
         # skipped by their seq statistics, so this reads no row it does not keep
@@ -390,7 +417,6 @@ class IncrementalRun:
             "CREATE OR REPLACE TEMP VIEW _merged_requests AS "
             f"{stored_requests} SELECT * EXCLUDE (day) FROM _scope_rollups"
         )
-        self._counts(full_seq)
         stored_findings = (
             ""
             if self.full
@@ -400,21 +426,6 @@ class IncrementalRun:
         # sorts them only when all are asked for (analyze/__init__.py's Analysis)
         con.execute(f"CREATE OR REPLACE TEMP VIEW _merged_findings AS {stored_findings} "
                     "SELECT * FROM _scope_findings")  # fmt: skip
-        window_keep = (
-            "false"
-            if self.full
-            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
-        )
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _merged_windows AS
-            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
-            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
-                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
-            WHERE {window_keep}
-            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
-            """
-        )
 
     def _counts(self, full_seq: int) -> None:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
@@ -451,6 +462,10 @@ class IncrementalRun:
             rollups += (
                 f" UNION ALL BY NAME SELECT * EXCLUDE ({_INPUT_COLUMNS}) REPLACE ({sums}) "
                 "FROM _replaced_requests WHERE engine_id IS NOT NULL"
+                # the rollups of rows that name no request, as the last run that wrote state had them
+                f" UNION ALL BY NAME SELECT -1 AS sign, * EXCLUDE (seq, {_INPUT_COLUMNS}) REPLACE ({sums}) "
+                f"FROM analysis_requests WHERE seq = {self.seq - 1} AND request_id IS NULL "
+                "AND engine_id IS NOT NULL"
             )
             findings += f" UNION ALL BY NAME {replaced('analysis_findings')}"
             # the markers' input counts, and those of the rows that name no request as the last
@@ -619,9 +634,11 @@ class IncrementalRun:
     # --- the state written -----------------------------------------------------------
 
     def write(self) -> bool:
-        """Commit this run's state as one batch; False when another writer holds the store, or when
-        there is nothing to add (no new batch, nothing recomputed, the same engine inputs)."""
-        if not self.full and not self.batches and not any(self.counts.values()) and not self.changed:
+        """Commit this run's state (and ``result``) as one batch; False when another writer holds
+        the store, or when there is nothing to add (no new batch, nothing recomputed, the same
+        engine inputs, a result the last run stored for this code)."""
+        nothing = not self.full and not self.batches and not any(self.counts.values()) and not self.changed
+        if nothing and not (self.stale_result and self.result is not None):
             return False
         try:
             with self.store.writer_lock():
@@ -643,18 +660,22 @@ class IncrementalRun:
         all_batches = self.batches
         if self.full:
             all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+        result = None
+        if self.result is not None:
+            inputs, summary, _ = self.result
+            result = json.dumps({"inputs": inputs, "summary": summary})
         runs = pa.Table.from_pylist([{
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
             "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
+            "code": _code(), "result": result,
         }])  # fmt: skip
         inputs = ", ".join(f"coalesce(i.{c}, 0) AS {c}" for c in _INPUT_COLUMNS.split(", "))
         markers = (
             f"SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day, {inputs} FROM _scope_ids s "
             "LEFT JOIN _scope_days d USING (request_id) LEFT JOIN _scope_inputs i USING (request_id) "
-            f"UNION ALL SELECT NULL, NULL, NULL, {inputs} FROM (SELECT 1) "
-            "LEFT JOIN _scope_inputs i ON i.request_id IS NULL"
+            f"UNION ALL SELECT NULL, NULL, NULL, {inputs} FROM _scope_inputs i WHERE i.request_id IS NULL"
         )
         tables = {
             "analysis_runs": runs,
@@ -673,6 +694,14 @@ class IncrementalRun:
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
         }
+        if self.result is not None:
+            # every finding of the rules run over the whole store, with the day of its span
+            tables["analysis_run_findings"] = _arrow(
+                con,
+                f"SELECT {seq} AS seq, rule, {_COLUMNS}, "
+                "CAST(make_timestamp(CAST(start_ts * 1e6 AS BIGINT)) AS DATE) AS day "
+                f"FROM ({self.result[2]}) ORDER BY ALL",
+            )
         return tables
 
 
@@ -987,7 +1016,56 @@ def incremental_views(
     run = IncrementalRun(con, store, full=full)
     run.plan()
     run.compute(scope)
-    written = run.write() if write else False
     with run.merged_views():
         yield run
-    run.counts["written"] = int(written)
+    # after the analysis: its result is kept with the state (a run killed before this commits
+    # nothing, and the state stays as it was)
+    run.counts["written"] = int(run.write() if write else False)
+
+
+def answer_unchanged(con: duckdb.DuckDBPyConnection, store: Store) -> tuple[dict, dict, str] | None:
+    """The last committed run's answer when nothing changed since (no new batch, the same
+    thresholds and code): its input counts, its summary, and the SQL of its findings (those
+    it recomputed over the whole store, and the stored ones as they stand); None otherwise.
+
+    The scheduled job runs every few minutes and most runs find nothing new: such a run then
+    reads a few rows of the state instead of running the rules. Engines' inputs to the rules
+    come from the data, so they cannot change without a new batch. It leaves ``_merged_requests``
+    and ``_merged_findings`` as an analysis of the merged state does (the report reads them)."""
+    last = con.sql(
+        "SELECT seq, thresholds, state_version, code, result FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+    ).fetchall()
+    if not last:
+        return None
+    seq, thresholds, version, code, result = last[0]
+    if version != STATE_VERSION or code != _code() or result is None:
+        return None
+    if thresholds != _scalar(con, _THRESHOLDS_DIGEST):
+        return None
+    new = _scalar(
+        con,
+        "SELECT EXISTS (SELECT 1 FROM sources WHERE batch_id NOT IN ("
+        "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) FROM analysis_runs))",
+    )
+    if new:
+        return None
+    run = IncrementalRun(con, store, full=False, seq=seq + 1)
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
+    run.reuse_scope()
+    run.merge(_scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs"))
+    answer = json.loads(result)
+    findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"
+    return answer["inputs"], answer["summary"], findings
+
+
+def _code() -> str:
+    """What a run's result rests on besides the data and thresholds: the code and the state's layout."""
+    from hybridtrace.store.catalog import code_key
+
+    return f"{code_key()}/{STATE_VERSION}"
+
+
+_THRESHOLDS_DIGEST = (
+    "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), '')) "
+    "FROM _thresholds"
+)

@@ -90,6 +90,11 @@ def _key() -> str:
     return digest.hexdigest()[:24]
 
 
+def code_key() -> str:
+    """Digest of the code an analysis runs: DuckDB's and hybridtrace's versions, the SQL of ``queries/``."""
+    return _key()
+
+
 def _remove(path: Path) -> None:
     _OPEN.pop(str(path), None)
     for leftover in (path, Path(f"{path}.wal")):
