@@ -110,6 +110,7 @@ TABLES = (
     "analysis_runs",
     "analysis_requests",
     "analysis_findings",
+    "analysis_run_findings",
     "analysis_rank_windows",
     "analysis_counts",
 )

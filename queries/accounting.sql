@@ -244,6 +244,27 @@ SELECT
     sum(transported_bytes) FILTER (WHERE expected IS NOT NULL) AS sized_transported_bytes
 FROM sized;
 
+-- _input_counts: one row: how many rows of the request-scoped inputs there are, as the
+-- summary's input counts and the request rules' inputs give them. Each is a scan that grows
+-- with the store: an incremental analysis reads them from its state's counters instead
+-- (analyze/incremental.py keeps them per request id).
+--
+-- Columns:
+--   transfers               rows of transfers (reads)
+--   transfers_ok            those whose status is 'ok'
+--   requests                rows of requests
+--   requests_with_tokens    those that say how many tokens crossed (transferred_tokens)
+--   log_events              rows of log_events
+--   trace_records_dropped   records the trace writers said they dropped (`trace_dropped` events)
+CREATE OR REPLACE VIEW _input_counts AS
+SELECT t.transfers, t.transfers_ok, r.requests, r.requests_with_tokens, e.log_events, e.trace_records_dropped
+FROM (SELECT count(*) AS transfers, count(*) FILTER (WHERE status = 'ok') AS transfers_ok FROM transfers) t,
+     (SELECT count(*) AS requests, count(transferred_tokens) AS requests_with_tokens FROM requests) r,
+     (SELECT count(*) AS log_events,
+             CAST(coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT))
+                           FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
+      FROM log_events) e;
+
 -- request_bytes: the four counts summed over a request's successful reads (all ranks): a
 -- failed or expired read moved nothing it had to, so it counts in `reads` only.
 --

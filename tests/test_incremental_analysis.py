@@ -198,7 +198,7 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     _state_of_half_then_the_rest(job)
     views = (
         "_accounting_totals", "_critical_path_leads", "_critical_path_requests", "_timed_prefill_handoffs",
-        "_config_pairs", "_named_trace_events", "_named_events",
+        "_config_pairs", "_named_trace_events", "_named_events", "_input_counts",
     )  # fmt: skip
 
     def rows(con) -> dict[str, list]:
@@ -206,6 +206,9 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
 
     whole = rows(Store(job.store).connect())
     assert whole["_named_trace_events"] and whole["_accounting_totals"]
+    # every input counted (rows naming a request and rows naming none: the log's stats lines)
+    counted = Store(job.store).connect().sql("SELECT * EXCLUDE (trace_records_dropped) FROM _input_counts")
+    assert 0 not in counted.fetchall()[0]
     con = Store(job.store).connect()
     with incremental_views(con, Store(job.store), full=False, write=False) as run:
         assert not run.full and run.counts["requests"] > 0
@@ -238,7 +241,7 @@ def test_a_run_with_nothing_new_reuses_the_last_runs_rows_instead_of_running_the
     run = IncrementalRun(con, Store(job.store), full=False)
     run.plan()
     assert run.unchanged() and run.seq == 3
-    tables = ("_scope_findings", "_scope_rollups", "_scope_days", "_scope_window_rows")
+    tables = ("_scope_findings", "_scope_rollups", "_scope_inputs", "_scope_days", "_scope_window_rows")
 
     def rows() -> dict[str, list]:
         return {t: sorted(map(repr, con.sql(f"SELECT * FROM {t}").fetchall())) for t in tables}
@@ -366,3 +369,68 @@ def test_a_handoff_judged_by_the_fitted_link_follows_the_fit_when_new_reads_chan
     (refitted,) = [f for f in analyze(Store(store).connect()).findings if f["kind"] == "recompute_cheaper"]
     assert refitted["evidence"]["fit_transfers_used"] == 20
     assert refitted["evidence"]["critical_path_s"] > fitted["evidence"]["critical_path_s"]
+
+
+def test_input_counts_follow_rows_naming_no_request_and_dropped_records_across_runs(tmp_path):
+    """The inputs an incremental analysis counts from its state (the rows naming no request as
+    the last run found them, changed by what each run adds) equal a full count, run after run:
+    a trace writer's dropped records (log events naming no request) arriving in later objects."""
+    from tracegen import dropped_record, engine_record, transfer_records, write_jsonl
+
+    t0 = 1764400100.0
+    items = [engine_record("decode-0", "decode", 2), *transfer_records(2)]
+    write_jsonl(tmp_path / "in" / "a.jsonl", [*items, dropped_record("decode-0", 5, t0 + 60, rank=0)])
+    store = tmp_path / "s"
+    ingest([str(tmp_path / "in")], str(store), progress=False)
+    expected = [5, 12, 12, 20]
+    for step, more in enumerate([None, 7, None, 8]):
+        if more is not None:
+            dropped = dropped_record("decode-0", more, t0 + 61 + step, rank=1)
+            write_jsonl(tmp_path / "in" / f"b{step}.jsonl", [dropped])
+            ingest([str(tmp_path / "in")], str(store), progress=False)
+        incremental = analyze(Store(store).connect(), incremental=True)
+        whole = analyze(Store(store).connect())
+        assert incremental.inputs == whole.inputs
+        assert incremental.inputs["trace_records_dropped"] == expected[step]
+        assert incremental.inputs["log_events"] == whole.inputs["log_events"] > 0
+
+
+def test_a_run_with_nothing_new_answers_with_the_last_runs_result(bundle, tmp_path, monkeypatch):
+    """With nothing new since the last run that wrote state, the analysis answers with that run's
+    result (its counts, its summary, the findings it recomputed and the stored ones) and runs no
+    rule; a run of other code does not, and then stores its own result for the next."""
+    import hybridtrace.analyze as analysis
+    from hybridtrace.analyze import incremental
+
+    job = Growing(bundle, tmp_path)
+    job.add("models", "decode-0/metrics-*")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    first = analyze(Store(job.store).connect(), incremental=True)
+    assert len(first) > 0 and _last_run(job.store)["result"] is not None
+    with_rules = analysis._analyze
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the rules ran with nothing new")
+
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    answered = analyze(Store(job.store).connect(), incremental=True)
+    monkeypatch.setattr(analysis, "_analyze", with_rules)
+    assert _as_text(answered) == _as_text(analyze(Store(job.store).connect()))
+    assert _last_run(job.store)["seq"] == 1
+    # the report reads the merged rollups the answer leaves
+    con = Store(job.store).connect()
+    analyze(con, incremental=True)
+    assert con.sql("SELECT count(*) FROM _merged_requests").fetchall()[0][0] > 0
+    # other code: the rules run, and their result is stored (one run more) for the next run
+    monkeypatch.setattr(incremental, "_code", lambda: "another version")
+    assert _check(job.store)["seq"] == 2
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    assert _as_text(analyze(Store(job.store).connect(), incremental=True)) == _as_text(answered)
+    # new data: the rules run again
+    monkeypatch.setattr(analysis, "_analyze", with_rules)
+    job.grow(0.7, 1.0)
+    job.ingest()
+    monkeypatch.setattr(analysis, "_analyze", refused)
+    with pytest.raises(AssertionError, match="the rules ran"):
+        analyze(Store(job.store).connect(), incremental=True)

@@ -29,15 +29,13 @@ if TYPE_CHECKING:
 
 __all__ = ["KINDS", "Analysis", "analyze", "materialized"]
 
-_TRACE_DROPPED = (
-    "SELECT coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)), 0) "
-    "FROM log_events WHERE kind = 'trace_dropped'"
-)
 # The rules run together, and those that read the others' findings once those are in.
 _FIRST_RULES = tuple(r for r in RULES if not r.after_others)
 _LATER_RULES = tuple(r for r in RULES if r.after_others)
 # Kinds counted in findings_by_kind even when nothing raised them.
 _COUNTED_KINDS = KINDS + VERIFY_KINDS
+# The input tables counted; those of them that grow with the requests are read from
+# ``_input_counts`` (an incremental analysis keeps them as counters), the others counted.
 _INPUT_TABLES = (
     "transfers",
     "requests",
@@ -48,6 +46,7 @@ _INPUT_TABLES = (
     "engine_models",
     "verifications",
 )
+_COUNTED_INPUTS = ("transfers", "requests", "log_events")
 
 
 # Views several rules read: computed once per analysis instead of once per rule, in this
@@ -64,6 +63,7 @@ ANALYSIS_VIEWS = (
     "_request_reads",
     "_request_rows",
     "_accounting_totals",
+    "_input_counts",
     "_excess_request_model",
     "_excess_reads",
     "_untimed_handoffs",
@@ -78,6 +78,8 @@ SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report rea
 # is small there, and what costs is planning each rule with every view it reads expanded in
 # it (a few milliseconds a view, many times over); a table is planned as one.
 MERGED_VIEWS = (
+    "_accounting_totals",
+    "_input_counts",
     "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
@@ -157,6 +159,11 @@ class Analysis:
         return f"Analysis({len(self)} findings, inputs={self.inputs!r})"
 
     @property
+    def source_name(self) -> str | None:
+        """The temporary table or view the findings are read from until they are sorted."""
+        return self._source[1] if self._source is not None else None
+
+    @property
     def table(self) -> pa.Table:
         """Every finding, in the order ``analyze --format json`` lists them."""
         if self._table is None:
@@ -225,15 +232,30 @@ def analyze(
 
         store = store_of(con)
         if store is not None:
-            from hybridtrace.analyze.incremental import CURRENT_FINDING_COUNTS, CURRENT_FINDINGS, STORED_RULES
+            from hybridtrace.analyze.incremental import (
+                CURRENT_FINDING_COUNTS,
+                CURRENT_FINDINGS,
+                STORED_RULES,
+                answer_unchanged,
+            )
 
             _settle(con)
-            with (
-                incremental_views(con, store, full=full or not incremental, scope=scope, write=incremental),
-                materialized(con, MERGED_VIEWS),
-            ):
-                stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
-                return _analyze(con, stored=stored)
+            if incremental and not full:
+                answer = answer_unchanged(con, store)
+                if answer is not None:
+                    return _answered(con, *answer)
+            with incremental_views(
+                con, store, full=full or not incremental, scope=scope, write=incremental
+            ) as run:
+                with materialized(con, MERGED_VIEWS):
+                    stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
+                    result = _analyze(con, stored=stored)
+                # kept with the state: the findings it computed over the whole store now
+                recomputed = (
+                    f"SELECT * FROM {result.source_name}_new UNION ALL BY NAME SELECT * FROM _fitted_findings"
+                )
+                run.result = (result.inputs, result.summary, recomputed)
+            return result
     _settle(con)
     with materialized(con, ANALYSIS_VIEWS), records_from_rows(con):
         return _analyze(con)
@@ -249,12 +271,38 @@ def records_from_rows(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         yield
 
 
-def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict:
-    """Each query's one value, all in one statement: one round trip and one plan, not one per count."""
+def _answered(con: duckdb.DuckDBPyConnection, inputs: dict, summary: dict, recomputed: str) -> Analysis:
+    """The Analysis of an earlier run's answer (``answer_unchanged``): its findings those it
+    recomputed (``recomputed``, SQL) and the stored ones (``_merged_findings``)."""
+    kept = f"_findings_{next(_RESULTS)}"
+    con.execute(f"CREATE TEMP TABLE {kept}_new AS {recomputed}")
+    con.execute(f"CREATE TEMP VIEW {kept} AS SELECT * FROM {kept}_new "
+                "UNION ALL BY NAME SELECT * FROM _merged_findings")  # fmt: skip
+    return _unread(Analysis(None, inputs, summary, source=(con, kept)), con)
+
+
+def _unread(result: Analysis, con: duckdb.DuckDBPyConnection) -> Analysis:
+    """``result``, its findings still in ``con``: sorted before another analysis there replaces them."""
+    for key in [k for k, unread in _UNREAD.items() if not unread]:  # connections long gone
+        del _UNREAD[key]
+    _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
+    return result
+
+
+def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict[str, int | None]:
+    """Each query's one value (a count), all in one statement: one round trip, not one per count.
+
+    A union of the queries as derived tables, not one row of scalar subqueries: DuckDB plans
+    each scalar subquery as a join of its own, which costs more than the counts themselves.
+    """
     if not queries:
         return {}
-    columns = ", ".join(f"({sql}) AS c{i}" for i, sql in enumerate(queries.values()))
-    return dict(zip(queries, con.sql(f"SELECT {columns}").fetchall()[0], strict=True))
+    union = " UNION ALL ".join(
+        f"SELECT {i} AS i, CAST(v AS BIGINT) AS v FROM ({sql}) AS q(v)"
+        for i, sql in enumerate(queries.values())
+    )
+    found = dict(con.sql(union).fetchall())
+    return {name: found.get(i) for i, name in enumerate(queries)}
 
 
 def _settle(con: duckdb.DuckDBPyConnection) -> None:
@@ -273,11 +321,15 @@ def _analyze(
     severity, column ``n``): those views are not run, their findings are listed from the
     relation where it is and counted from the counts."""
 
-    counted_inputs = {name: f"SELECT count(*) FROM {name}" for name in _INPUT_TABLES}
+    counted_inputs = {
+        name: (f"SELECT {name} FROM _input_counts" if name in _COUNTED_INPUTS
+               else f"SELECT count(*) FROM {name}")
+        for name in _INPUT_TABLES
+    }
     counted_inputs["transfers_accounted"] = "SELECT reads FROM _accounting_totals"
     # What the trace writers said they dropped (their `dropped` records): how incomplete the
     # trace the rules read is.
-    counted_inputs["trace_records_dropped"] = _TRACE_DROPPED
+    counted_inputs["trace_records_dropped"] = "SELECT trace_records_dropped FROM _input_counts"
     # the rules with nothing to judge (no engine of the kind they judge): not run, no inputs
     required = {rule.name: rule.requires for rule in RULES if rule.requires}
     counted_inputs.update({f"requires {name}": sql for name, sql in required.items()})
@@ -370,8 +422,4 @@ def _analyze(
         "rules": rules,
         "rules_without_inputs": [rule for rule, counts in rules.items() if counts["inputs"] == 0],
     }
-    result = Analysis(None, inputs, summary, source=(con, kept))
-    for key in [k for k, unread in _UNREAD.items() if not unread]:  # connections long gone
-        del _UNREAD[key]
-    _UNREAD.setdefault(id(con), weakref.WeakSet()).add(result)
-    return result
+    return _unread(Analysis(None, inputs, summary, source=(con, kept)), con)

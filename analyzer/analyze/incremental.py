@@ -75,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 5
+STATE_VERSION = 7
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -207,20 +207,25 @@ class IncrementalRun:
     thresholds: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
+    # the last committed run's result cannot answer for this code (another version wrote it)
+    stale_result: bool = False
+    # the analysis' result, set before the state is written: its input counts, its summary and
+    # the relation of the findings it recomputed over the whole store (analysis_run_findings)
+    result: tuple[dict, dict, str] | None = None
 
     # --- what is new -------------------------------------------------------------------
 
     def plan(self) -> None:
         """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
         con = self.con
-        self.thresholds = _scalar(
-            con, "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), "
-            "'')) FROM _thresholds")  # fmt: skip
+        self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
         self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
         last = con.sql(
-            "SELECT seq, thresholds, engines, state_version FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+            "SELECT seq, thresholds, engines, state_version, code, result IS NULL FROM analysis_runs "
+            "ORDER BY seq DESC LIMIT 1"
         ).fetchall()
         self.seq = (last[0][0] + 1) if last else 1
+        self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5])
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT "
             "unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
@@ -362,6 +367,28 @@ class IncrementalRun:
             if self.full
             else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
         )
+        self.merge(full_seq)
+        self._counts(full_seq)
+        window_keep = (
+            "false"
+            if self.full
+            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
+        )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _merged_windows AS
+            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
+            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
+            WHERE {window_keep}
+            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
+            """
+        )
+
+    def merge(self, full_seq: int) -> None:
+        """``_merged_requests`` and ``_merged_findings``: the stored rollups and findings that
+        still count (since the last full run ``full_seq``), with the scope's."""
+        con = self.con
         # a stored row counts unless a later run (or this one) recomputed its request id: the
         # marker rows of runs since the last full one are few, and the full run's files are
         # skipped by their seq statistics, so this reads no row it does not keep
@@ -390,7 +417,6 @@ class IncrementalRun:
             "CREATE OR REPLACE TEMP VIEW _merged_requests AS "
             f"{stored_requests} SELECT * EXCLUDE (day) FROM _scope_rollups"
         )
-        self._counts(full_seq)
         stored_findings = (
             ""
             if self.full
@@ -400,38 +426,21 @@ class IncrementalRun:
         # sorts them only when all are asked for (analyze/__init__.py's Analysis)
         con.execute(f"CREATE OR REPLACE TEMP VIEW _merged_findings AS {stored_findings} "
                     "SELECT * FROM _scope_findings")  # fmt: skip
-        window_keep = (
-            "false"
-            if self.full
-            else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
-        )
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _merged_windows AS
-            SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
-            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
-                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
-            WHERE {window_keep}
-            UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
-            """
-        )
 
     def _counts(self, full_seq: int) -> None:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
         the rollups they replace) and ``_current_counts`` (every count, state and change)."""
         con = self.con
-        dated = "(SELECT f.*, d.day FROM _scope_findings f LEFT JOIN _scope_days d USING (request_id))"
-        scope_counts = (
-            _COUNTS.format(rollups="_scope_rollups") + " UNION ALL " + _FINDING_COUNTS.format(findings=dated)
-        )
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_counts AS {scope_counts}")
-        if self.full:
-            con.execute("CREATE OR REPLACE TEMP TABLE _run_counts AS SELECT * FROM _scope_counts")
-        else:
-            # the rollups and findings of the scope's ids that counted until now: the newest of
-            # each id's since the last full run (as _merged_requests reads the others), those no
-            # later marker of the id outdates; a short list of ids is spelled out, so that the
-            # scans filter the stored rows as they read them
+        rollups = "SELECT 1 AS sign, * FROM _scope_rollups"
+        days = "LEFT JOIN _scope_days d USING (request_id)"
+        findings = f"SELECT 1 AS sign, f.*, d.day FROM _scope_findings f {days}"
+        inputs = f"SELECT 1 AS sign, i.*, d.day FROM _scope_inputs i {days}"
+        if not self.full:
+            # the rollups, markers and findings of the scope's ids that counted until now: the
+            # newest of each id's since the last full run (as _merged_requests reads the others),
+            # those no later marker of the id outdates; a short list of ids is spelled out, so
+            # that the scans filter the stored rows as they read them. Each is counted with the
+            # sign -1 beside the scope's own: one count of both gives the change.
             scoped = _in_scope(con, "request_id")
             con.execute(
                 f"""
@@ -441,25 +450,42 @@ class IncrementalRun:
                 """
             )
 
-            def replaced(table: str, rows: str = "true") -> str:
-                return f"""(
-                    SELECT x.* FROM (SELECT * FROM {table} WHERE {scoped}) x
+            def replaced(table: str) -> str:
+                return f"""
+                    SELECT -1 AS sign, x.* EXCLUDE (seq) FROM (SELECT * FROM {table} WHERE {scoped}) x
                     LEFT JOIN _scope_markers m ON m.request_id = x.request_id
-                    WHERE x.seq >= {full_seq} AND {rows}
-                      AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq))"""
+                    WHERE x.seq >= {full_seq} AND (m.marker_seq IS NULL OR m.marker_seq <= x.seq)"""
 
-            con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE _run_counts AS
-                SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
-                    SELECT * FROM _scope_counts
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_COUNTS.format(rollups=replaced("analysis_requests", "x.engine_id IS NOT NULL"))})
-                    UNION ALL SELECT engine_id, day, counter, key, -value
-                    FROM ({_FINDING_COUNTS.format(findings=replaced("analysis_findings"))})
-                ) GROUP BY ALL HAVING sum(value) <> 0
-                """
+            # the stored rows of the scope's ids once: rollups and markers are both there
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _replaced_requests AS {replaced('analysis_requests')}")
+            sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
+            rollups += (
+                f" UNION ALL BY NAME SELECT * EXCLUDE ({_INPUT_COLUMNS}) REPLACE ({sums}) "
+                "FROM _replaced_requests WHERE engine_id IS NOT NULL"
+                # the rollups of rows that name no request, as the last run that wrote state had them
+                f" UNION ALL BY NAME SELECT -1 AS sign, * EXCLUDE (seq, {_INPUT_COLUMNS}) REPLACE ({sums}) "
+                f"FROM analysis_requests WHERE seq = {self.seq - 1} AND request_id IS NULL "
+                "AND engine_id IS NOT NULL"
             )
+            findings += f" UNION ALL BY NAME {replaced('analysis_findings')}"
+            # the markers' input counts, and those of the rows that name no request as the last
+            # run that wrote state counted them
+            columns = f"request_id, day, {_INPUT_COLUMNS}"
+            inputs += (
+                f" UNION ALL BY NAME SELECT sign, {columns} FROM _replaced_requests WHERE engine_id IS NULL "
+                f"UNION ALL BY NAME SELECT -1 AS sign, {columns} FROM analysis_requests "
+                f"WHERE seq = {self.seq - 1} AND request_id IS NULL AND engine_id IS NULL"
+            )
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE _run_counts AS
+            SELECT engine_id, day, counter, key, CAST(sum(value) AS BIGINT) AS value FROM (
+                {_COUNTS.format(rollups=f"({rollups})")}
+                UNION ALL {_FINDING_COUNTS.format(findings=f"({findings})")}
+                UNION ALL {_INPUT_COUNTS.format(markers=f"({inputs})")}
+            ) GROUP BY ALL HAVING sum(value) <> 0
+            """
+        )
         stored = (
             ""
             if self.full
@@ -494,8 +520,14 @@ class IncrementalRun:
         # the byte sums as _SCOPE_ROLLUPS gives them (128-bit: the state keeps them in 64 bits)
         sums = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in _ROLLUP_SUMS)
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq) REPLACE ({sums}) "
-            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL"
+            f"CREATE OR REPLACE TEMP TABLE _scope_rollups AS SELECT * EXCLUDE (seq, {_INPUT_COLUMNS}) "
+            f"REPLACE ({sums}) FROM analysis_requests WHERE seq = {last} AND request_id IS NULL "
+            "AND engine_id IS NOT NULL"
+        )
+        # the rows naming no request as that run counted them: the same rows
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _scope_inputs AS SELECT request_id, {_INPUT_COLUMNS} "
+            f"FROM analysis_requests WHERE seq = {last} AND request_id IS NULL AND engine_id IS NULL"
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _scope_days AS SELECT request_id, day "
@@ -534,6 +566,7 @@ class IncrementalRun:
             with swapped_views(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
             con.execute(_SCOPE_DAYS)
+            con.execute(_SCOPE_INPUTS)
             con.execute(_SCOPE_ROLLUPS)
         if windows:
             # no window in scope: the table empty, without a scan of the reads for none
@@ -563,6 +596,7 @@ class IncrementalRun:
                                        "WHERE counter = 'handoff_prefill'",
             "_rank_windows": _RANK_WINDOWS,
             "_named_trace_events": _NAMED_TRACE_EVENTS,
+            "_input_counts": _STATE_INPUT_COUNTS,
         }  # fmt: skip
         # _config_pairs reads only the engine pairs of the reads: it reads them from the counts
         con = self.con
@@ -600,9 +634,11 @@ class IncrementalRun:
     # --- the state written -----------------------------------------------------------
 
     def write(self) -> bool:
-        """Commit this run's state as one batch; False when another writer holds the store, or when
-        there is nothing to add (no new batch, nothing recomputed, the same engine inputs)."""
-        if not self.full and not self.batches and not any(self.counts.values()) and not self.changed:
+        """Commit this run's state (and ``result``) as one batch; False when another writer holds
+        the store, or when there is nothing to add (no new batch, nothing recomputed, the same
+        engine inputs, a result the last run stored for this code)."""
+        nothing = not self.full and not self.batches and not any(self.counts.values()) and not self.changed
+        if nothing and not (self.stale_result and self.result is not None):
             return False
         try:
             with self.store.writer_lock():
@@ -624,15 +660,22 @@ class IncrementalRun:
         all_batches = self.batches
         if self.full:
             all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+        result = None
+        if self.result is not None:
+            inputs, summary, _ = self.result
+            result = json.dumps({"inputs": inputs, "summary": summary})
         runs = pa.Table.from_pylist([{
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
             "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
+            "code": _code(), "result": result,
         }])  # fmt: skip
+        inputs = ", ".join(f"coalesce(i.{c}, 0) AS {c}" for c in _INPUT_COLUMNS.split(", "))
         markers = (
-            "SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day FROM _scope_ids s "
-            "LEFT JOIN _scope_days d USING (request_id)"
+            f"SELECT s.request_id, CAST(NULL AS VARCHAR) AS engine_id, d.day, {inputs} FROM _scope_ids s "
+            "LEFT JOIN _scope_days d USING (request_id) LEFT JOIN _scope_inputs i USING (request_id) "
+            f"UNION ALL SELECT NULL, NULL, NULL, {inputs} FROM _scope_inputs i WHERE i.request_id IS NULL"
         )
         tables = {
             "analysis_runs": runs,
@@ -651,6 +694,14 @@ class IncrementalRun:
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
         }
+        if self.result is not None:
+            # every finding of the rules run over the whole store, with the day of its span
+            tables["analysis_run_findings"] = _arrow(
+                con,
+                f"SELECT {seq} AS seq, rule, {_COLUMNS}, "
+                "CAST(make_timestamp(CAST(start_ts * 1e6 AS BIGINT)) AS DATE) AS day "
+                f"FROM ({self.result[2]}) ORDER BY ALL",
+            )
         return tables
 
 
@@ -759,6 +810,54 @@ LEFT JOIN sh USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
+# The request-scoped inputs' rows (the _input_counts view) per scope request id, and of the rows
+# that name none (request_id null), as the markers carry them: what the counters of those
+# counts are changed by.
+_INPUT_COLUMNS = (
+    "input_transfers, input_transfers_ok, input_requests, input_requests_with_tokens, input_log_events, "
+    "input_trace_records_dropped"
+)
+_SCOPE_INPUTS = """
+CREATE OR REPLACE TEMP TABLE _scope_inputs AS
+SELECT request_id,
+       CAST(coalesce(sum(input_transfers), 0) AS BIGINT) AS input_transfers,
+       CAST(coalesce(sum(input_transfers_ok), 0) AS BIGINT) AS input_transfers_ok,
+       CAST(coalesce(sum(input_requests), 0) AS BIGINT) AS input_requests,
+       CAST(coalesce(sum(input_requests_with_tokens), 0) AS BIGINT) AS input_requests_with_tokens,
+       CAST(coalesce(sum(input_log_events), 0) AS BIGINT) AS input_log_events,
+       CAST(coalesce(sum(input_trace_records_dropped), 0) AS BIGINT) AS input_trace_records_dropped
+FROM (
+    SELECT request_id, count(*) AS input_transfers,
+           count(*) FILTER (WHERE status = 'ok') AS input_transfers_ok
+    FROM transfers GROUP BY request_id
+    UNION ALL BY NAME
+    SELECT request_id, count(*) AS input_requests, count(transferred_tokens) AS input_requests_with_tokens
+    FROM requests GROUP BY request_id
+    UNION ALL BY NAME
+    SELECT request_id, count(*) AS input_log_events,
+           sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)) FILTER (WHERE kind = 'trace_dropped')
+               AS input_trace_records_dropped
+    FROM log_events GROUP BY request_id
+) GROUP BY request_id
+"""
+
+# The input counts of a relation of markers (as _scope_inputs has them, with their day and a
+# sign: 1 for the scope's, -1 for those they replace).
+_INPUT_COUNTS = """
+SELECT CAST(NULL AS VARCHAR) AS engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value FROM (
+    UNPIVOT (SELECT day, """ + ", ".join(
+    f"CAST(coalesce(sum(sign * {c}), 0) AS BIGINT) AS {c}" for c in _INPUT_COLUMNS.split(", ")
+) + """ FROM {markers} GROUP BY day)
+    ON COLUMNS(* EXCLUDE (day)) INTO NAME counter VALUE value
+)
+"""
+
+# _input_counts from the counters.
+_STATE_INPUT_COUNTS = "SELECT " + ", ".join(
+    f"CAST(coalesce(sum(value) FILTER (WHERE counter = '{c}'), 0) AS BIGINT) AS {c.removeprefix('input_')}"
+    for c in _INPUT_COLUMNS.split(", ")
+) + " FROM _current_counts WHERE engine_id IS NULL"
+
 # The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
 _ROLLUP_SUMS = (
     "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
@@ -790,56 +889,61 @@ WHERE t.status = 'ok' AND t.xfer_s > 0
 GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
 """
 
-# The counts of a relation of rollups (as _scope_rollups has them), per (engine, day): the
-# sums _accounting_totals, slow_rank and recompute_cheaper's inputs read, and each request's
+_BYTE_SUMS = (
+    "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
+)  # fmt: skip
+# The counts of a relation of rollups (as _scope_rollups has them, with a sign: 1 for the
+# scope's, -1 for the stored ones they replace), per (engine, day): the change to the sums
+# _accounting_totals, slow_rank and recompute_cheaper's inputs read, and to each request's
 # prefill engines (_config_pairs). A byte sum has its count of requests with a value beside it,
 # so that a sum over none stays null. Summed over runs they are the counts of the current rollups.
 _COUNTS = """
 WITH r AS (SELECT * FROM {rollups}),
 sums AS (
     SELECT engine_id, day,
-           CAST(sum(reads) AS BIGINT) AS reads, CAST(sum(reads_ok) AS BIGINT) AS reads_ok,
-           CAST(sum(reads_sized) AS BIGINT) AS reads_sized,
-           CAST(sum(logical_bytes) AS BIGINT) AS logical_bytes, count(logical_bytes) AS logical_bytes_n,
-           CAST(sum(expected_bytes) AS BIGINT) AS expected_bytes, count(expected_bytes) AS expected_bytes_n,
-           CAST(sum(reserved_bytes) AS BIGINT) AS reserved_bytes, count(reserved_bytes) AS reserved_bytes_n,
-           CAST(sum(transported_bytes) AS BIGINT) AS transported_bytes,
-           count(transported_bytes) AS transported_bytes_n,
-           CAST(sum(sized_transported_bytes) AS BIGINT) AS sized_transported_bytes,
-           count(sized_transported_bytes) AS sized_transported_bytes_n,
-           count(*) FILTER (WHERE handoff AND prefill_s IS NOT NULL) AS handoff_prefill,
-           count(*) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL) AS critical_path,
-           CAST(coalesce(sum(failed_named), 0) AS BIGINT) AS failed_named
+           CAST(sum(sign * reads) AS BIGINT) AS reads, CAST(sum(sign * reads_ok) AS BIGINT) AS reads_ok,
+           CAST(sum(sign * reads_sized) AS BIGINT) AS reads_sized,
+""" + "".join(
+    f"           CAST(sum(sign * {c}) AS BIGINT) AS {c},\n"
+    f"           CAST(coalesce(sum(sign) FILTER (WHERE {c} IS NOT NULL), 0) AS BIGINT)\n"
+    f"               AS {c}_n,\n"
+    for c in _BYTE_SUMS
+) + """           CAST(coalesce(sum(sign) FILTER (WHERE handoff AND prefill_s IS NOT NULL), 0) AS BIGINT)
+               AS handoff_prefill,
+           CAST(coalesce(sum(sign) FILTER (WHERE has_reads AND critical_path_s IS NOT NULL), 0) AS BIGINT)
+               AS critical_path,
+           CAST(coalesce(sum(sign * failed_named), 0) AS BIGINT) AS failed_named
     FROM r GROUP BY ALL
 ),
 pairs AS (
-    SELECT engine_id, day, remote_engine_id AS remote FROM r WHERE remote_count = 1
+    SELECT engine_id, day, sign, remote_engine_id AS remote FROM r WHERE remote_count = 1
     UNION ALL
-    SELECT engine_id, day, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
+    SELECT engine_id, day, sign, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
     WHERE remote_count > 1
-    UNION ALL SELECT engine_id, day, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
+    UNION ALL SELECT engine_id, day, sign, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
 )
 SELECT engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value
 FROM (UNPIVOT sums ON COLUMNS(* EXCLUDE (engine_id, day)) INTO NAME counter VALUE value)
 UNION ALL
-SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), count(*) FROM r
+SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), CAST(sum(sign) AS BIGINT) FROM r
 WHERE has_reads AND slowest_rank IS NOT NULL GROUP BY ALL
 UNION ALL
-SELECT engine_id, day, 'pair', remote, count(*) FROM pairs GROUP BY ALL
+SELECT engine_id, day, 'pair', remote, CAST(sum(sign) AS BIGINT) FROM pairs GROUP BY ALL
 UNION ALL
-SELECT engine_id, day, 'expired_named', remote, count(*) FROM (
-    SELECT engine_id, day,
+SELECT engine_id, day, 'expired_named', remote, CAST(sum(sign) AS BIGINT) FROM (
+    SELECT engine_id, day, sign,
            unnest(CAST(json_extract_string(expired_named_remotes, '$[*]') AS VARCHAR[])) AS remote
     FROM r WHERE expired_named_remotes IS NOT NULL
 ) GROUP BY ALL
 """
 
-# The findings of a relation of stored findings (as _scope_findings has them, with their day),
-# counted per (engine, day) and (rule view, kind, severity): the analysis' summary counts. Those
-# that name no request count in the run that found them only, as _merged_findings lists them.
+# The findings of a relation of stored findings (as _scope_findings has them, with their day and
+# a sign as above), counted per (engine, day) and (rule view, kind, severity): the analysis'
+# summary counts. Those that name no request count in the run that found them only, as
+# _merged_findings lists them.
 _FINDING_COUNTS = """
 SELECT engine_id, day, 'findings' AS counter, CAST(to_json([rule, kind, severity]) AS VARCHAR) AS key,
-       count(*) AS value
+       CAST(sum(sign) AS BIGINT) AS value
 FROM {findings} WHERE request_id IS NOT NULL GROUP BY ALL
 """
 
@@ -912,7 +1016,56 @@ def incremental_views(
     run = IncrementalRun(con, store, full=full)
     run.plan()
     run.compute(scope)
-    written = run.write() if write else False
     with run.merged_views():
         yield run
-    run.counts["written"] = int(written)
+    # after the analysis: its result is kept with the state (a run killed before this commits
+    # nothing, and the state stays as it was)
+    run.counts["written"] = int(run.write() if write else False)
+
+
+def answer_unchanged(con: duckdb.DuckDBPyConnection, store: Store) -> tuple[dict, dict, str] | None:
+    """The last committed run's answer when nothing changed since (no new batch, the same
+    thresholds and code): its input counts, its summary, and the SQL of its findings (those
+    it recomputed over the whole store, and the stored ones as they stand); None otherwise.
+
+    The scheduled job runs every few minutes and most runs find nothing new: such a run then
+    reads a few rows of the state instead of running the rules. Engines' inputs to the rules
+    come from the data, so they cannot change without a new batch. It leaves ``_merged_requests``
+    and ``_merged_findings`` as an analysis of the merged state does (the report reads them)."""
+    last = con.sql(
+        "SELECT seq, thresholds, state_version, code, result FROM analysis_runs ORDER BY seq DESC LIMIT 1"
+    ).fetchall()
+    if not last:
+        return None
+    seq, thresholds, version, code, result = last[0]
+    if version != STATE_VERSION or code != _code() or result is None:
+        return None
+    if thresholds != _scalar(con, _THRESHOLDS_DIGEST):
+        return None
+    new = _scalar(
+        con,
+        "SELECT EXISTS (SELECT 1 FROM sources WHERE batch_id NOT IN ("
+        "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) FROM analysis_runs))",
+    )
+    if new:
+        return None
+    run = IncrementalRun(con, store, full=False, seq=seq + 1)
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
+    run.reuse_scope()
+    run.merge(_scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs"))
+    answer = json.loads(result)
+    findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"
+    return answer["inputs"], answer["summary"], findings
+
+
+def _code() -> str:
+    """What a run's result rests on besides the data and thresholds: the code and the state's layout."""
+    from hybridtrace.store.catalog import code_key
+
+    return f"{code_key()}/{STATE_VERSION}"
+
+
+_THRESHOLDS_DIGEST = (
+    "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), '')) "
+    "FROM _thresholds"
+)

@@ -65,7 +65,9 @@ __all__ = ["Part", "Shared", "SparkScope", "compute_part", "plan_parts"]
 # The tables cut per partition, and the raw view of each whose engine_id is its folder's
 # (log_events' own view names the engine a later read named; requests' keeps one record).
 PARTITIONED = {"transfers": "transfers", "requests": "request_records", "log_events": "_log_events_as_read"}
-SCOPE_TABLES = ("_scope_findings", "_scope_rollups", "_scope_days", "_scope_window_rows")
+# those whose rows naming no request the driver computes (``SparkScope._null_rows``)
+_NAMED_ROWS = ("_scope_findings", "_scope_rollups", "_scope_inputs")
+SCOPE_TABLES = ("_scope_findings", "_scope_rollups", "_scope_inputs", "_scope_days", "_scope_window_rows")
 # Rounds of the label propagation that groups request ids; past it, one group for all.
 _GROUP_ROUNDS = 64
 # A part of more request ids than this is not joined with others in one Spark task.
@@ -296,7 +298,7 @@ def compute_part(shared: Shared, part: Part) -> dict[str, bytes]:
     IncrementalRun(con, Store(shared.location), full=False).compute_scope(cut=True)
     out = {}
     for table in SCOPE_TABLES:
-        named = " WHERE request_id IS NOT NULL" if table in ("_scope_findings", "_scope_rollups") else ""
+        named = " WHERE request_id IS NOT NULL" if table in _NAMED_ROWS else ""
         out[table] = _ipc(_arrow(con, f"SELECT * FROM {table}{named}"))
     con.close()
     return out
@@ -355,6 +357,7 @@ class SparkScope:
         self._null_rows(run)
         con.execute("DELETE FROM _scope_findings WHERE request_id IS NOT NULL")
         con.execute("DELETE FROM _scope_rollups WHERE request_id IS NOT NULL")
+        con.execute("DELETE FROM _scope_inputs WHERE request_id IS NOT NULL")
         first = True
         for index in sorted(results):
             for table in SCOPE_TABLES:

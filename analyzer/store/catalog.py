@@ -78,16 +78,26 @@ def _directory() -> Path | None:
 
 @functools.cache
 def _key() -> str:
-    """What the template's views depend on: DuckDB's version and the SQL of ``queries/``."""
+    """What the template's views depend on: DuckDB's version, the SQL of ``queries/`` and the
+    tables' schemas (the base objects the views are bound over come from them: a template of
+    other schemas would not hold, and every connection would make its views again)."""
     import duckdb
 
     from hybridtrace import __version__
     from hybridtrace.queries_loader import sql_modules
+    from hybridtrace.schema import TABLES, table_schema
 
     digest = hashlib.sha256(f"{duckdb.__version__}|{__version__}".encode())
     for module in sql_modules():
         digest.update(f"\0{module.name}\0{module.text}".encode())
+    for name in TABLES:
+        digest.update(f"\0{name}\0{table_schema(name).arrow_schema()}".encode())
     return digest.hexdigest()[:24]
+
+
+def code_key() -> str:
+    """Digest of the code an analysis runs: DuckDB's and hybridtrace's versions, the SQL of ``queries/``."""
+    return _key()
 
 
 def _remove(path: Path) -> None:
