@@ -227,8 +227,7 @@ class IncrementalRun:
         self.seq = (last[0][0] + 1) if last else 1
         self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5])
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT "
-            "unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
+            f"CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT * FROM ({_ANALYZED_BATCHES})"
         )
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
@@ -365,7 +364,7 @@ class IncrementalRun:
         full_seq = (
             0
             if self.full
-            else _scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs")
+            else _scalar(con, _LAST_FULL_RUN)
         )
         self.merge(full_seq)
         self._counts(full_seq)
@@ -858,11 +857,12 @@ _STATE_INPUT_COUNTS = "SELECT " + ", ".join(
     for c in _INPUT_COLUMNS.split(", ")
 ) + " FROM _current_counts WHERE engine_id IS NULL"
 
-# The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
-_ROLLUP_SUMS = (
+# The four byte counts' sums (and the sized reads' transported bytes) the fleet-wide totals read.
+_BYTE_SUMS = (
     "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
-    "excess_bytes", "share_reads",
 )  # fmt: skip
+# The columns of _SCOPE_ROLLUPS that are sums of 64-bit counts.
+_ROLLUP_SUMS = (*_BYTE_SUMS, "excess_bytes", "share_reads")
 
 # Each scope request id's day (its earliest record): the partition its state rows go to.
 _SCOPE_DAYS = """
@@ -889,9 +889,6 @@ WHERE t.status = 'ok' AND t.xfer_s > 0
 GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
 """
 
-_BYTE_SUMS = (
-    "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes",
-)  # fmt: skip
 # The counts of a relation of rollups (as _scope_rollups has them, with a sign: 1 for the
 # scope's, -1 for the stored ones they replace), per (engine, day): the change to the sums
 # _accounting_totals, slow_rank and recompute_cheaper's inputs read, and to each request's
@@ -966,9 +963,7 @@ SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
 """ + ",\n".join(
     f"       CASE WHEN sum(value) FILTER (WHERE counter = '{name}_n') > 0 "
     f"THEN coalesce(sum(value) FILTER (WHERE counter = '{name}'), 0) END AS {name}"
-    for name in (
-        "logical_bytes", "expected_bytes", "reserved_bytes", "transported_bytes", "sized_transported_bytes"
-    )
+    for name in _BYTE_SUMS
 ) + """
 FROM _current_counts
 """
@@ -1042,17 +1037,12 @@ def answer_unchanged(con: duckdb.DuckDBPyConnection, store: Store) -> tuple[dict
         return None
     if thresholds != _scalar(con, _THRESHOLDS_DIGEST):
         return None
-    new = _scalar(
-        con,
-        "SELECT EXISTS (SELECT 1 FROM sources WHERE batch_id NOT IN ("
-        "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) FROM analysis_runs))",
-    )
-    if new:
+    if _scalar(con, f"SELECT EXISTS (SELECT 1 FROM sources WHERE batch_id NOT IN ({_ANALYZED_BATCHES}))"):
         return None
     run = IncrementalRun(con, store, full=False, seq=seq + 1)
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
     run.reuse_scope()
-    run.merge(_scalar(con, "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs"))
+    run.merge(_scalar(con, _LAST_FULL_RUN))
     answer = json.loads(result)
     findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"
     return answer["inputs"], answer["summary"], findings
@@ -1065,6 +1055,11 @@ def _code() -> str:
     return f"{code_key()}/{STATE_VERSION}"
 
 
+# The ingest batches some run covered, and the newest full run (0 when none).
+_ANALYZED_BATCHES = (
+    "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
+)
+_LAST_FULL_RUN = "SELECT coalesce(max(seq) FILTER (WHERE full_run), 0) FROM analysis_runs"
 _THRESHOLDS_DIGEST = (
     "SELECT md5(coalesce(string_agg(name || '=' || CAST(value AS VARCHAR), ';' ORDER BY name), '')) "
     "FROM _thresholds"
