@@ -22,7 +22,7 @@ from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
-from hybridtrace.analyze.view_swap import swapped_views, view_sqls
+from hybridtrace.analyze.view_swap import swapped_views
 
 if TYPE_CHECKING:
     from hybridtrace.analyze.incremental import IncrementalRun
@@ -111,24 +111,51 @@ _UNREAD: dict[int, weakref.WeakSet] = {}
 def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED_VIEWS) -> Iterator[None]:
     """Compute each named view once, let every view that reads it read the result, then undo.
 
-    DuckDB resolves a view's references when it is queried, so pointing ``transfer_bytes``
-    at a temporary table makes every rule read the table. The originals come back
-    afterwards (``view_swap``): the connection stays as it was, and a later call with other
-    thresholds recomputes. Nested calls reuse what the outer one computed.
+    The result is a temporary table of the view's own name: DuckDB looks a name up in the
+    temporary schema first when a query runs, so every rule that reads ``transfer_bytes``
+    reads the table, and dropping it brings the view back (``view_swap``). A name that is
+    temporary already is either a table an enclosing call computed (kept as it is) or a view
+    something swapped in (the incremental analysis' merged state): that one is moved aside for
+    the duration, and the table computed from it.
     """
-    with ExitStack() as stack:  # undone last to first: each view back, then its snapshot dropped
-        sqls = view_sqls(con, list(names))
+    with ExitStack() as stack:  # undone last to first
+        known: tuple[set[str], dict[str, str]] | None = None  # looked up once one create fails
         for name in names:
-            sql = sqls.get(name)
-            if sql is None or f"_snapshot_{name}_" in sql:
+            if known is None:
+                try:
+                    # bound before the table exists: the view it shadows from now on
+                    con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {name}")
+                    stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
+                    continue
+                except duckdb.CatalogException:
+                    known = _objects(con, names)
+                    if name in known[0] and name not in known[1]:
+                        raise  # the view itself failed
+            views, temporary = known
+            if name not in views or temporary.get(name) == "TABLE":
                 continue  # no such view, or an enclosing call holds it already
-            # a name of its own: an enclosing call may hold a copy of the view as it was before
-            # something swapped it (the incremental analysis' merged state), and needs it back
-            table = f"_snapshot_{name}_{next(_SNAPSHOTS)}"
-            stack.callback(con.execute, f"DROP TABLE IF EXISTS {table}")
-            con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
-            stack.enter_context(swapped_views(con, {name: f"SELECT * FROM {table}"}))
+            source = name
+            if name in temporary:
+                source = f"_snapshot_{name}_{next(_SNAPSHOTS)}"
+                con.execute(f"ALTER VIEW temp.main.{name} RENAME TO {source}")
+                stack.callback(con.execute, f"ALTER VIEW temp.main.{source} RENAME TO {name}")
+            con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {source}")
+            stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
         yield
+
+
+def _objects(con: duckdb.DuckDBPyConnection, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
+    """Which of ``names`` are views (of the store's or temporary), and the kind of those that
+    are temporary objects now, in one look-up."""
+    found = con.execute(
+        "SELECT view_name, temporary, 'VIEW' FROM duckdb_views() "
+        "WHERE NOT internal AND list_contains(?, view_name) "
+        "UNION ALL SELECT table_name, true, 'TABLE' FROM duckdb_tables() "
+        "WHERE temporary AND list_contains(?, table_name)",
+        [list(names), list(names)],
+    ).fetchall()
+    views = {name for name, _, kind in found if kind == "VIEW"}
+    return views, {name: kind for name, temporary, kind in found if temporary}
 
 
 class Analysis:
