@@ -83,9 +83,9 @@ STATE_VERSION = 7
 # rules read the request model and the sized requests a dozen times); a table is planned as one.
 _WHOLE_VIEWS = (
     "_unusual_reads",
-    "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
+    "_unsuccessful_requests",
     "_excess_reads",
 )
 _CUT_VIEWS = (
@@ -219,8 +219,8 @@ class IncrementalRun:
         """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
         con = self.con
         self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
-        self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
-        last = con.sql(
+        self.engines = dict(con.execute(_ENGINE_DIGESTS).fetchall())
+        last = con.execute(
             "SELECT seq, thresholds, engines, state_version, code, result IS NULL FROM analysis_runs "
             "ORDER BY seq DESC LIMIT 1"
         ).fetchall()
@@ -233,7 +233,8 @@ class IncrementalRun:
             "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
             "WHERE batch_id NOT IN (SELECT batch_id FROM _analyzed_batches)"
         )
-        self.batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM _new_sources").fetchall())
+        found = con.execute("SELECT DISTINCT batch_id FROM _new_sources").fetchall()
+        self.batches = sorted(b for (b,) in found)
         if not self.full:
             if not last:
                 self.full, self.reason = True, "no analysis state yet"
@@ -269,7 +270,8 @@ class IncrementalRun:
         # a row is new when its read (its sources row, which ingest commits in the same batch)
         # is; a short list is spelled out, so that the Parquet scans skip, by their source_id
         # statistics, every row group of an older read
-        new_ids = [i for (i,) in con.sql("SELECT source_id FROM _new_sources").fetchall() if i is not None]
+        found = con.execute("SELECT source_id FROM _new_sources").fetchall()
+        new_ids = [i for (i,) in found if i is not None]
         if len(new_ids) <= 2000:
             listed = ", ".join("'" + i.replace("'", "''") + "'" for i in new_ids) or "NULL"
             is_new = f"source_id IN ({listed})"
@@ -544,7 +546,7 @@ class IncrementalRun:
         ``cut`` (default: unless a full run) reads only the scope's request ids' rows, and
         those that name no request.
         """
-        from hybridtrace.analyze import materialized, records_from_rows
+        from hybridtrace.analyze import HELD_SOURCES, materialized, records_from_rows
 
         con = self.con
         # a join key for (engine, request) in which a null matches a null, for hash joins
@@ -554,7 +556,7 @@ class IncrementalRun:
             cutting = (not self.full) if cut is None else cut
             if cutting:
                 stack.enter_context(cut_to_requests(con))
-            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
+            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS, HELD_SOURCES))
             stack.enter_context(records_from_rows(con))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
@@ -658,7 +660,8 @@ class IncrementalRun:
         con, seq = self.con, self.seq
         all_batches = self.batches
         if self.full:
-            all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+            found = con.execute("SELECT DISTINCT batch_id FROM sources").fetchall()
+            all_batches = sorted(b for (b,) in found)
         result = None
         if self.result is not None:
             inputs, summary, _ = self.result
@@ -1027,7 +1030,7 @@ def answer_unchanged(con: duckdb.DuckDBPyConnection, store: Store) -> tuple[dict
     reads a few rows of the state instead of running the rules. Engines' inputs to the rules
     come from the data, so they cannot change without a new batch. It leaves ``_merged_requests``
     and ``_merged_findings`` as an analysis of the merged state does (the report reads them)."""
-    last = con.sql(
+    last = con.execute(
         "SELECT seq, thresholds, state_version, code, result FROM analysis_runs ORDER BY seq DESC LIMIT 1"
     ).fetchall()
     if not last:
