@@ -80,19 +80,22 @@ BLOOM_FPP = 0.01
 def bloom_filters(table: pa.Table, dictionary: list[str]) -> dict[str, dict[str, float]]:
     """Bloom filter options for the request-id columns of ``table`` whose values are mostly
     distinct (a dictionary-encoded column repeats its values: its statistics and dictionary
-    serve a look-up already), sized for the distinct values one row group holds."""
+    serve a look-up already), sized for the distinct values one row group holds: the share of
+    distinct values in a sample of the first rows (a request's reads are written together)."""
     import pyarrow.compute as pc
 
     chosen: dict[str, dict[str, float]] = {}
+    rows = min(table.num_rows, PARQUET_OPTIONS["row_group_size"])
     for name in BLOOM_COLUMNS:
-        if name not in table.column_names or name in dictionary or not table.num_rows:
+        if name not in table.column_names or name in dictionary or not rows:
             continue
         if not pa.types.is_string(table.schema.field(name).type):
             continue
-        distinct = pc.count_distinct(table[name]).as_py()
-        per_group = distinct * min(1.0, PARQUET_OPTIONS["row_group_size"] / table.num_rows)
+        sample = table[name].slice(0, DICTIONARY_SAMPLE)
+        distinct = pc.count_distinct(sample).as_py()
         if distinct:
-            chosen[name] = {"ndv": max(1, int(per_group) + 1), "fpp": BLOOM_FPP}
+            share = distinct / len(sample)
+            chosen[name] = {"ndv": max(1, int(rows * share) + 1), "fpp": BLOOM_FPP}
     return chosen
 
 
