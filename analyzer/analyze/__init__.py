@@ -278,16 +278,19 @@ def analyze(
                 CURRENT_FINDING_COUNTS,
                 CURRENT_FINDINGS,
                 STORED_RULES,
+                IncrementalRun,
                 answer_unchanged,
             )
 
             _settle(con)
+            looked = IncrementalRun(con, store, full=full or not incremental)
+            looked.look()
             if incremental and not full:
-                answer = answer_unchanged(con, store)
+                answer = answer_unchanged(looked)
                 if answer is not None:
                     return _answered(con, *answer)
             with incremental_views(
-                con, store, full=full or not incremental, scope=scope, write=incremental
+                con, store, full=full or not incremental, scope=scope, write=incremental, run=looked
             ) as run:
                 with materialized(con, MERGED_VIEWS):
                     stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
