@@ -116,7 +116,7 @@ def parse_lengths(text: str) -> list[str]:
 
 def traffic_lengths(con: duckdb.DuckDBPyConnection, labels: list[str], where: str) -> dict[str, int]:
     """The missing-prefix length each label stands for in the store's request records."""
-    count = con.sql("SELECT count(*) FROM requests WHERE missing_tokens > 0").fetchall()[0][0]
+    count = con.execute("SELECT count(*) FROM requests WHERE missing_tokens > 0").fetchall()[0][0]
     if not count and any(not label.isdigit() for label in labels):
         raise UsageError(
             f"{where}: the store holds no traffic to take prompt lengths from (no request record with "
@@ -146,10 +146,10 @@ def vocab_size(con: duckdb.DuckDBPyConnection, served: str, where: str) -> int:
     def key(name: str | None) -> str | None:
         return name.rsplit("/", 1)[-1].lower() if name else None
 
-    models = con.sql("SELECT model, config FROM models ORDER BY ingested_at").fetchall()
+    models = con.execute("SELECT model, config FROM models ORDER BY ingested_at").fetchall()
     sized = {
         row[0]
-        for row in con.sql(
+        for row in con.execute(
             "SELECT DISTINCT m.model FROM engine_models m JOIN requests r USING (engine_id) "
             "WHERE m.model IS NOT NULL"
         ).fetchall()

@@ -265,6 +265,25 @@ FROM (SELECT count(*) AS transfers, count(*) FILTER (WHERE status = 'ok') AS tra
                            FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
       FROM log_events) e;
 
+-- _input_counts_of_rows: _input_counts from the request tables an analysis holds: the reads
+-- counted from each request's reads grouped once (_request_reads groups every read, those
+-- naming no request too), the records from _request_rows (one row per request record). The
+-- analysis computes _input_counts from these instead of scanning every read and record again.
+--
+-- Columns:
+--   transfers, transfers_ok, requests,
+--   requests_with_tokens, log_events,
+--   trace_records_dropped                  as _input_counts has them
+CREATE OR REPLACE VIEW _input_counts_of_rows AS
+SELECT t.transfers, t.transfers_ok, r.requests, r.requests_with_tokens, e.log_events, e.trace_records_dropped
+FROM (SELECT CAST(coalesce(sum(reads), 0) AS BIGINT) AS transfers,
+             CAST(coalesce(sum(reads_ok), 0) AS BIGINT) AS transfers_ok FROM _request_reads) t,
+     (SELECT count(*) AS requests, count(transferred_tokens) AS requests_with_tokens FROM _request_rows) r,
+     (SELECT count(*) AS log_events,
+             CAST(coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT))
+                           FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
+      FROM log_events) e;
+
 -- request_bytes: the four counts summed over a request's successful reads (all ranks): a
 -- failed or expired read moved nothing it had to, so it counts in `reads` only.
 --

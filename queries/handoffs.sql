@@ -113,6 +113,15 @@ SELECT r.engine_id, r.request_id, r.remote_engine_id, r.status, r.missing_tokens
 FROM requests r
 LEFT JOIN _request_reads x ON x.engine_id = r.engine_id AND x.request_id = r.request_id;
 
+-- _unsuccessful_request_rows: _unsuccessful_requests from the request rows an analysis holds
+-- (_request_rows, one row per request record): the analysis computes _unsuccessful_requests
+-- from these instead of scanning every record's status again.
+--
+-- Columns:
+--   engine_id, request_id, remote_engine_id, status   as in requests
+CREATE OR REPLACE VIEW _unsuccessful_request_rows AS
+SELECT engine_id, request_id, remote_engine_id, status FROM _request_rows WHERE status IN ('failed', 'expired');
+
 -- _request_record_rows: the request records' columns the request rules read. Over the store
 -- a plain projection of `requests` (a look-up of one request, as `explain` makes, reads one
 -- record); an analysis points it at the request rows it holds (_request_rows has these

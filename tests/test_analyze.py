@@ -154,3 +154,21 @@ def test_a_nested_materialization_of_a_view_swapped_in_between_leaves_the_outer_
             assert con.sql("SELECT a FROM _v").fetchall() == [(2,)]
         assert con.sql("SELECT a FROM _v").fetchall() == [(1,)]
     assert con.sql("SELECT a FROM _v").fetchall() == [(1,)]
+
+
+def test_what_an_analysis_computes_from_the_rows_it_holds_equals_the_views(tmp_path):
+    """The failed and expired request records and the input counts, which an analysis computes
+    from each request's reads and records once it holds them (HELD_SOURCES), are the rows the
+    views give over the store: failures, expiries and requests without tokens included."""
+    from hybridtrace.analyze import ANALYSIS_VIEWS, HELD_SOURCES, materialized
+
+    rates = {k: 0.2 for k in KINDS}
+    simulate(SimOptions(seed=5, inject=rates, duration_s=30), tmp_path / "bundle")
+    ingest([tmp_path / "bundle"], tmp_path / "store")
+    con = Store(tmp_path / "store").connect()
+    wanted = {name: sorted(con.execute(f"SELECT * FROM {name}").fetchall()) for name in HELD_SOURCES}
+    assert wanted["_unsuccessful_requests"], "the bundle holds failed and expired records"
+    held = ANALYSIS_VIEWS[: ANALYSIS_VIEWS.index("_request_rows") + 1]
+    with materialized(con, held):
+        for name, source in HELD_SOURCES.items():
+            assert sorted(con.execute(f"SELECT * FROM {source}").fetchall()) == wanted[name], name

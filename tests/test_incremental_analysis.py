@@ -198,7 +198,7 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     _state_of_half_then_the_rest(job)
     views = (
         "_accounting_totals", "_critical_path_leads", "_critical_path_requests", "_timed_prefill_handoffs",
-        "_config_pairs", "_named_trace_events", "_named_events", "_input_counts",
+        "_config_pairs", "_named_trace_events", "_named_events", "_input_counts", "_untraced_interval_bytes",
     )  # fmt: skip
 
     def rows(con) -> dict[str, list]:
@@ -213,6 +213,11 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     with incremental_views(con, Store(job.store), full=False, write=False) as run:
         assert not run.full and run.counts["requests"] > 0
         assert rows(con) == whole
+        # the engines the trace covers, as the native rules' intervals leave them out
+        traced = "SELECT list(DISTINCT engine_id ORDER BY engine_id) FROM "
+        assert con.sql(traced + "_transfer_pairs").fetchall() == Store(job.store).connect().sql(
+            traced + "transfers"
+        ).fetchall() != [([],)]
         # the stored findings' counts, kept as changes, are those of the findings listed
         kept = con.sql("SELECT rule, kind, severity, n FROM _current_finding_counts ORDER BY ALL").fetchall()
         listed = con.sql(
@@ -434,3 +439,23 @@ def test_a_run_with_nothing_new_answers_with_the_last_runs_result(bundle, tmp_pa
     monkeypatch.setattr(analysis, "_analyze", refused)
     with pytest.raises(AssertionError, match="the rules ran"):
         analyze(Store(job.store).connect(), incremental=True)
+
+
+def test_the_native_rules_leave_out_an_engine_once_its_trace_arrives(bundle, tmp_path):
+    """An engine known first by its logs and metrics only is judged by the native rules; once
+    its trace arrives they leave it out. The merged state tells the traced engines from its
+    counts, not from every read: each run equals a full analysis."""
+
+    def untraced(store: Path) -> int:
+        return analyze(Store(store).connect()).summary["rules"]["native_padding"]["inputs"]
+
+    job = Growing(bundle, tmp_path)
+    job.add("models", "decode-0/metrics-*")
+    job.grow(0.0, 1.0)  # the log, no trace
+    job.ingest()
+    _check(job.store)
+    assert untraced(job.store) > 0
+    job.grow(0.5, 1.0)
+    job.ingest()
+    assert not _check(job.store)["full_run"]
+    assert untraced(job.store) == 0

@@ -22,12 +22,12 @@ from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
-from hybridtrace.analyze.view_swap import swapped_views, view_sqls
+from hybridtrace.analyze.view_swap import swapped_views
 
 if TYPE_CHECKING:
     from hybridtrace.analyze.incremental import IncrementalRun
 
-__all__ = ["KINDS", "Analysis", "analyze", "materialized"]
+__all__ = ["HELD_SOURCES", "KINDS", "Analysis", "analyze", "materialized"]
 
 # The rules run together, and those that read the others' findings once those are in.
 _FIRST_RULES = tuple(r for r in RULES if not r.after_others)
@@ -59,9 +59,9 @@ _COUNTED_INPUTS = ("transfers", "requests", "log_events")
 # more than the two or three scans the rules make of the rows.
 ANALYSIS_VIEWS = (
     "_unusual_reads",
-    "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
+    "_unsuccessful_requests",
     "_accounting_totals",
     "_input_counts",
     "_excess_request_model",
@@ -74,6 +74,13 @@ ANALYSIS_VIEWS = (
     "_config_pairs",
 )
 SHARED_VIEWS = ("transfer_bytes", *ANALYSIS_VIEWS, "handoffs")  # the report reads handoffs often
+# What an analysis computes two of them from, once it holds each request's reads grouped and
+# its records beside them: a filter and three sums over those rows instead of a scan of every
+# read's and every record's status (a tenth of the analysis of a store of a million requests).
+HELD_SOURCES = {
+    "_unsuccessful_requests": "_unsuccessful_request_rows",
+    "_input_counts": "_input_counts_of_rows",
+}
 # The same for an incremental analysis, whose rules run on the merged state: what they read
 # is small there, and what costs is planning each rule with every view it reads expanded in
 # it (a few milliseconds a view, many times over); a table is planned as one.
@@ -108,27 +115,62 @@ _UNREAD: dict[int, weakref.WeakSet] = {}
 
 
 @contextmanager
-def materialized(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] = SHARED_VIEWS) -> Iterator[None]:
+def materialized(
+    con: duckdb.DuckDBPyConnection,
+    names: tuple[str, ...] = SHARED_VIEWS,
+    sources: dict[str, str] | None = None,
+) -> Iterator[None]:
     """Compute each named view once, let every view that reads it read the result, then undo.
 
-    DuckDB resolves a view's references when it is queried, so pointing ``transfer_bytes``
-    at a temporary table makes every rule read the table. The originals come back
-    afterwards (``view_swap``): the connection stays as it was, and a later call with other
-    thresholds recomputes. Nested calls reuse what the outer one computed.
+    ``sources`` names, for some of them, another relation that gives the same rows and is
+    computed instead (``HELD_SOURCES``).
+
+    The result is a temporary table of the view's own name: DuckDB looks a name up in the
+    temporary schema first when a query runs, so every rule that reads ``transfer_bytes``
+    reads the table, and dropping it brings the view back (``view_swap``). A name that is
+    temporary already is either a table an enclosing call computed (kept as it is) or a view
+    something swapped in (the incremental analysis' merged state): that one is moved aside for
+    the duration, and the table computed from it.
     """
-    with ExitStack() as stack:  # undone last to first: each view back, then its snapshot dropped
-        sqls = view_sqls(con, list(names))
+    sources = sources or {}
+    with ExitStack() as stack:  # undone last to first
+        known: tuple[set[str], dict[str, str]] | None = None  # looked up once one create fails
         for name in names:
-            sql = sqls.get(name)
-            if sql is None or f"_snapshot_{name}_" in sql:
+            if known is None:
+                try:
+                    # bound before the table exists: the view it shadows from now on
+                    con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {sources.get(name, name)}")
+                    stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
+                    continue
+                except duckdb.CatalogException:
+                    known = _objects(con, names)
+                    if name in known[0] and name not in known[1]:
+                        raise  # the view itself failed
+            views, temporary = known
+            if name not in views or temporary.get(name) == "TABLE":
                 continue  # no such view, or an enclosing call holds it already
-            # a name of its own: an enclosing call may hold a copy of the view as it was before
-            # something swapped it (the incremental analysis' merged state), and needs it back
-            table = f"_snapshot_{name}_{next(_SNAPSHOTS)}"
-            stack.callback(con.execute, f"DROP TABLE IF EXISTS {table}")
-            con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {name}")
-            stack.enter_context(swapped_views(con, {name: f"SELECT * FROM {table}"}))
+            source = sources.get(name, name)
+            if name in temporary:
+                source = f"_snapshot_{name}_{next(_SNAPSHOTS)}"
+                con.execute(f"ALTER VIEW temp.main.{name} RENAME TO {source}")
+                stack.callback(con.execute, f"ALTER VIEW temp.main.{source} RENAME TO {name}")
+            con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {source}")
+            stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
         yield
+
+
+def _objects(con: duckdb.DuckDBPyConnection, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
+    """Which of ``names`` are views (of the store's or temporary), and the kind of those that
+    are temporary objects now, in one look-up."""
+    found = con.execute(
+        "SELECT view_name, temporary, 'VIEW' FROM duckdb_views() "
+        "WHERE NOT internal AND list_contains(?, view_name) "
+        "UNION ALL SELECT table_name, true, 'TABLE' FROM duckdb_tables() "
+        "WHERE temporary AND list_contains(?, table_name)",
+        [list(names), list(names)],
+    ).fetchall()
+    views = {name for name, _, kind in found if kind == "VIEW"}
+    return views, {name: kind for name, temporary, kind in found if temporary}
 
 
 class Analysis:
@@ -236,16 +278,19 @@ def analyze(
                 CURRENT_FINDING_COUNTS,
                 CURRENT_FINDINGS,
                 STORED_RULES,
+                IncrementalRun,
                 answer_unchanged,
             )
 
             _settle(con)
+            looked = IncrementalRun(con, store, full=full or not incremental)
+            looked.look()
             if incremental and not full:
-                answer = answer_unchanged(con, store)
+                answer = answer_unchanged(looked)
                 if answer is not None:
                     return _answered(con, *answer)
             with incremental_views(
-                con, store, full=full or not incremental, scope=scope, write=incremental
+                con, store, full=full or not incremental, scope=scope, write=incremental, run=looked
             ) as run:
                 with materialized(con, MERGED_VIEWS):
                     stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
@@ -257,7 +302,7 @@ def analyze(
                 run.result = (result.inputs, result.summary, recomputed)
             return result
     _settle(con)
-    with materialized(con, ANALYSIS_VIEWS), records_from_rows(con):
+    with materialized(con, ANALYSIS_VIEWS, HELD_SOURCES), records_from_rows(con):
         return _analyze(con)
 
 
@@ -301,7 +346,7 @@ def _scalars(con: duckdb.DuckDBPyConnection, queries: dict[str, str]) -> dict[st
         f"SELECT {i} AS i, CAST(v AS BIGINT) AS v FROM ({sql}) AS q(v)"
         for i, sql in enumerate(queries.values())
     )
-    found = dict(con.sql(union).fetchall())
+    found = dict(con.execute(union).fetchall())
     return {name: found.get(i) for i, name in enumerate(queries)}
 
 
@@ -368,7 +413,7 @@ def _analyze(
             f"SELECT rule, kind, severity, sum(n) FROM ({counts} UNION ALL SELECT * FROM {stored_counts}) "
             "GROUP BY ALL"
         )
-    counted = con.sql(counts).fetchall()
+    counted = con.execute(counts).fetchall()
     per_view = dict.fromkeys(views, 0)
     by_kind = dict.fromkeys(_COUNTED_KINDS, 0)
     by_severity: dict[str, int] = {}
@@ -399,7 +444,7 @@ def _analyze(
         rule.name: {"inputs": seen[rule.name], "findings": per_view[rule.view], "kinds": list(rule.kinds)}
         for rule in RULES
     }
-    logical, expected, reserved, transported, sized = con.sql(
+    logical, expected, reserved, transported, sized = con.execute(
         "SELECT logical_bytes, expected_bytes, reserved_bytes, transported_bytes, sized_transported_bytes "
         "FROM _accounting_totals"
     ).fetchall()[0]

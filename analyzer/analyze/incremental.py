@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -83,9 +84,9 @@ STATE_VERSION = 7
 # rules read the request model and the sized requests a dozen times); a table is planned as one.
 _WHOLE_VIEWS = (
     "_unusual_reads",
-    "_unsuccessful_requests",
     "_request_reads",
     "_request_rows",
+    "_unsuccessful_requests",
     "_excess_reads",
 )
 _CUT_VIEWS = (
@@ -120,6 +121,8 @@ REPORT_STATE_VIEWS = {
         SELECT engine_id, handoff_missing_tokens AS missing_tokens, critical_path_s, prefill_s, prefill_source
         FROM _merged_requests WHERE handoff AND critical_path_s IS NOT NULL AND prefill_s IS NOT NULL""",
 }
+# What IncrementalRun.last holds until the run has looked at the state.
+_NOT_LOOKED = object()
 # A chain of requests sharing prefill ids longer than this is analysed in full instead.
 _CLOSURE_ROUNDS = 16
 
@@ -147,6 +150,14 @@ def store_of(con: duckdb.DuckDBPyConnection) -> Store | None:
 
 def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None):
     return con.execute(sql, params or []).fetchall()[0][0]
+
+
+def _listed(ids: list[str], table: str, limit: int = 2000) -> str:
+    """``ids`` as the right side of an ``IN``: a short list spelled out (see ``_in_scope``),
+    a long one read from ``table`` (a table of ``request_id`` holding them, and maybe more)."""
+    if len(ids) > limit:
+        return f"(SELECT request_id FROM {table})"
+    return "(" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
 
 
 def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
@@ -212,28 +223,38 @@ class IncrementalRun:
     # the analysis' result, set before the state is written: its input counts, its summary and
     # the relation of the findings it recomputed over the whole store (analysis_run_findings)
     result: tuple[dict, dict, str] | None = None
+    # the last committed run's row of analysis_runs, None when there is none (``look``)
+    last: Any = _NOT_LOOKED
 
     # --- what is new -------------------------------------------------------------------
+
+    def look(self) -> None:
+        """Read what the last committed run left (``last``), the thresholds' digest and the
+        batches no run covered (``batches``, and their sources in ``_new_sources``): what
+        ``answer_unchanged`` decides on, and where ``plan`` starts."""
+        con = self.con
+        self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
+        last = con.execute(
+            "SELECT seq, thresholds, engines, state_version, code, result FROM analysis_runs "
+            "ORDER BY seq DESC LIMIT 1"
+        ).fetchall()
+        self.last = last[0] if last else None
+        self.seq = (last[0][0] + 1) if last else 1
+        self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5] is None)
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
+            f"WHERE batch_id NOT IN (SELECT DISTINCT * FROM ({_ANALYZED_BATCHES}))"
+        )
+        found = con.execute("SELECT DISTINCT batch_id FROM _new_sources").fetchall()
+        self.batches = sorted(b for (b,) in found)
 
     def plan(self) -> None:
         """Decide full or incremental, and fill ``_scope_ids`` and ``_scope_windows``."""
         con = self.con
-        self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
-        self.engines = dict(con.sql(_ENGINE_DIGESTS).fetchall())
-        last = con.sql(
-            "SELECT seq, thresholds, engines, state_version, code, result IS NULL FROM analysis_runs "
-            "ORDER BY seq DESC LIMIT 1"
-        ).fetchall()
-        self.seq = (last[0][0] + 1) if last else 1
-        self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5])
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE _analyzed_batches AS SELECT DISTINCT * FROM ({_ANALYZED_BATCHES})"
-        )
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
-            "WHERE batch_id NOT IN (SELECT batch_id FROM _analyzed_batches)"
-        )
-        self.batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM _new_sources").fetchall())
+        if self.last is _NOT_LOOKED:
+            self.look()
+        last = [self.last] if self.last is not None else []
+        self.engines = dict(con.execute(_ENGINE_DIGESTS).fetchall())
         if not self.full:
             if not last:
                 self.full, self.reason = True, "no analysis state yet"
@@ -269,7 +290,8 @@ class IncrementalRun:
         # a row is new when its read (its sources row, which ingest commits in the same batch)
         # is; a short list is spelled out, so that the Parquet scans skip, by their source_id
         # statistics, every row group of an older read
-        new_ids = [i for (i,) in con.sql("SELECT source_id FROM _new_sources").fetchall() if i is not None]
+        found = con.execute("SELECT source_id FROM _new_sources").fetchall()
+        new_ids = [i for (i,) in found if i is not None]
         if len(new_ids) <= 2000:
             listed = ", ".join("'" + i.replace("'", "''") + "'" for i in new_ids) or "NULL"
             is_new = f"source_id IN ({listed})"
@@ -319,23 +341,27 @@ class IncrementalRun:
         )
         # requests that share a prefill id see each other's records (kv_expired): one in
         # scope brings the others
+        # each round looks up the ids the last one added (the others' records were read already)
+        frontier = [i for (i,) in con.execute("SELECT request_id FROM _scope_ids").fetchall()]
         for _ in range(_CLOSURE_ROUNDS):
-            before = _scalar(con, "SELECT count(*) FROM _scope_ids")
-            con.execute(
+            if not frontier:
+                break
+            listed = _listed(frontier, "_scope_ids")
+            added = con.execute(
                 f"""
                 INSERT INTO _scope_ids
                 SELECT DISTINCT id FROM (
                     -- two scans, not one with OR: each filter then reaches the Parquet reader
                     SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
-                    WHERE {_in_scope(con, "request_id")}
+                    WHERE request_id IN {listed}
                     UNION ALL
                     SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
-                    WHERE {_in_scope(con, "remote_request_id")}
+                    WHERE remote_request_id IN {listed}
                 ) WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
+                RETURNING request_id
                 """
-            )
-            if _scalar(con, "SELECT count(*) FROM _scope_ids") == before:
-                break
+            ).fetchall()
+            frontier = [i for (i,) in added]
         else:
             self.full, self.reason = True, "requests chained through prefill ids beyond the closure rounds"
             self.plan()
@@ -544,7 +570,7 @@ class IncrementalRun:
         ``cut`` (default: unless a full run) reads only the scope's request ids' rows, and
         those that name no request.
         """
-        from hybridtrace.analyze import materialized, records_from_rows
+        from hybridtrace.analyze import HELD_SOURCES, materialized, records_from_rows
 
         con = self.con
         # a join key for (engine, request) in which a null matches a null, for hash joins
@@ -554,7 +580,7 @@ class IncrementalRun:
             cutting = (not self.full) if cut is None else cut
             if cutting:
                 stack.enter_context(cut_to_requests(con))
-            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS))
+            stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS, HELD_SOURCES))
             stack.enter_context(records_from_rows(con))
             con.execute("CREATE OR REPLACE TEMP TABLE _scope_untimed AS SELECT * FROM _untimed_handoffs")
             union = " UNION ALL BY NAME ".join(
@@ -596,6 +622,11 @@ class IncrementalRun:
             "_rank_windows": _RANK_WINDOWS,
             "_named_trace_events": _NAMED_TRACE_EVENTS,
             "_input_counts": _STATE_INPUT_COUNTS,
+            # the engines the trace covers are those with reads: the pair counts name them all
+            # (a request's reads count for its prefill engine, or for none), so the native
+            # rules' intervals need no scan of every read's engine
+            "_untraced_interval_bytes": "SELECT * FROM _interval_verdicts((SELECT "
+                                        "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
         }  # fmt: skip
         # _config_pairs reads only the engine pairs of the reads: it reads them from the counts
         con = self.con
@@ -658,7 +689,8 @@ class IncrementalRun:
         con, seq = self.con, self.seq
         all_batches = self.batches
         if self.full:
-            all_batches = sorted(b for (b,) in con.sql("SELECT DISTINCT batch_id FROM sources").fetchall())
+            found = con.execute("SELECT DISTINCT batch_id FROM sources").fetchall()
+            all_batches = sorted(b for (b,) in found)
         result = None
         if self.result is not None:
             inputs, summary, _ = self.result
@@ -1003,12 +1035,14 @@ def incremental_views(
     full: bool,
     scope: Callable[[IncrementalRun], None] | None = None,
     write: bool = True,
+    run: IncrementalRun | None = None,
 ) -> Iterator[IncrementalRun]:
     """Plan, compute and commit an incremental run; inside, the views read the merged state.
 
     ``scope`` as ``IncrementalRun.compute`` takes it; ``write=False`` commits no state.
+    ``run`` is one that looked at the state already (``answer_unchanged`` did).
     """
-    run = IncrementalRun(con, store, full=full)
+    run = run if run is not None else IncrementalRun(con, store, full=full)
     run.plan()
     run.compute(scope)
     with run.merged_views():
@@ -1018,31 +1052,26 @@ def incremental_views(
     run.counts["written"] = int(run.write() if write else False)
 
 
-def answer_unchanged(con: duckdb.DuckDBPyConnection, store: Store) -> tuple[dict, dict, str] | None:
+def answer_unchanged(run: IncrementalRun) -> tuple[dict, dict, str] | None:
     """The last committed run's answer when nothing changed since (no new batch, the same
     thresholds and code): its input counts, its summary, and the SQL of its findings (those
     it recomputed over the whole store, and the stored ones as they stand); None otherwise.
+    ``run`` has looked at the state (``IncrementalRun.look``); without an answer, it plans on.
 
     The scheduled job runs every few minutes and most runs find nothing new: such a run then
     reads a few rows of the state instead of running the rules. Engines' inputs to the rules
     come from the data, so they cannot change without a new batch. It leaves ``_merged_requests``
     and ``_merged_findings`` as an analysis of the merged state does (the report reads them)."""
-    last = con.sql(
-        "SELECT seq, thresholds, state_version, code, result FROM analysis_runs ORDER BY seq DESC LIMIT 1"
-    ).fetchall()
-    if not last:
+    if run.last is None or run.batches:
         return None
-    seq, thresholds, version, code, result = last[0]
-    if version != STATE_VERSION or code != _code() or result is None:
+    seq, thresholds, _, version, code, result = run.last
+    if version != STATE_VERSION or code != _code() or result is None or thresholds != run.thresholds:
         return None
-    if thresholds != _scalar(con, _THRESHOLDS_DIGEST):
-        return None
-    if _scalar(con, f"SELECT EXISTS (SELECT 1 FROM sources WHERE batch_id NOT IN ({_ANALYZED_BATCHES}))"):
-        return None
-    run = IncrementalRun(con, store, full=False, seq=seq + 1)
+    con = run.con
+    answering = IncrementalRun(con, run.store, full=False, seq=seq + 1)
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
-    run.reuse_scope()
-    run.merge(_scalar(con, _LAST_FULL_RUN))
+    answering.reuse_scope()
+    answering.merge(_scalar(con, _LAST_FULL_RUN))
     answer = json.loads(result)
     findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"
     return answer["inputs"], answer["summary"], findings

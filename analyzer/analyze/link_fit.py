@@ -404,7 +404,7 @@ def _sampled_reads(con, reads_sql: str) -> tuple[pl.DataFrame, pl.DataFrame]:
 def _bench_points(con) -> pl.DataFrame:
     # one point per nixlbench row: the run's average request (bytes, descriptors, NIXL's time)
     known = "SELECT count(*) FROM duckdb_views() WHERE view_name = 'nixlbench_points'"
-    if not con.sql(known).fetchall()[0][0]:
+    if not con.execute(known).fetchall()[0][0]:
         return pl.DataFrame()  # a connection without the store's tables (a hand-made one)
     return pl.from_arrow(con.sql(
         "SELECT link, xfer_us / 1e6 AS xfer_s, request_bytes AS bytes, batch_size AS descriptors "

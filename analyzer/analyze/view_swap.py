@@ -3,11 +3,16 @@
 The analysis points views at other relations for the length of a step (a snapshot, the
 scope's cut tables, the merged state). DuckDB binds a view when it is created, so putting
 an original back by creating it again binds it again: for a view over ten finding views
-that costs more than the step itself. Renaming costs nothing: the original is moved aside
-under a name of its own, the replacement takes its name, and afterwards the replacement is
-dropped and the original renamed back, its text and binding untouched. A view that reads
-the swapped name reads whichever holds the name when it runs (DuckDB resolves names at query
-time), which is what a replacement is for.
+that costs more than the step itself. So the original is never touched. DuckDB resolves a
+name when a query runs, looking in the connection's temporary schema first: a temporary
+view (or table) of the same name *shadows* the store's view for every query and every view
+that reads the name, and dropping it brings the original back. Two statements a swap; the
+analysis makes dozens of swaps, and each statement costs DuckDB about half a millisecond
+however small.
+
+A name that is temporary already (an enclosing swap, or a view the analysis made
+temporary) cannot be shadowed again: that one is moved aside under a name of its own for
+the duration and renamed back afterwards, its text and binding untouched.
 """
 
 from __future__ import annotations
@@ -18,25 +23,40 @@ from itertools import count
 
 import duckdb
 
-__all__ = ["swapped_views", "view_sql", "view_sqls"]
+__all__ = ["swapped_views", "temporary_objects", "view_sql", "view_sqls"]
 
-# Names the originals are kept under, unique across nested swaps of one name.
+# Names the temporary originals are kept under, unique across nested swaps of one name.
 _ASIDE = count(1)
 
 
 def view_sql(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
-    """The text of view ``name`` (not DuckDB's own), None when there is none."""
+    """The text of view ``name`` as a query sees it (a temporary one before the store's), None
+    when there is none."""
     found = con.execute(
-        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]
+        "SELECT sql FROM duckdb_views() WHERE view_name = ? AND NOT internal ORDER BY temporary DESC",
+        [name],
     ).fetchall()
     return found[0][0] if found else None
 
 
 def view_sqls(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str]:
-    """The text of each of ``names`` that is a view (one look-up for all of them)."""
+    """The text of each of ``names`` that is a view, as a query sees it (one look-up for all)."""
     found = con.execute(
-        "SELECT view_name, sql FROM duckdb_views() WHERE list_contains(?, view_name) AND NOT internal",
+        "SELECT view_name, sql FROM duckdb_views() WHERE list_contains(?, view_name) AND NOT internal "
+        "ORDER BY temporary",  # a temporary view shadows the store's: it comes last, and stays
         [names],
+    ).fetchall()
+    return dict(found)
+
+
+def temporary_objects(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str]:
+    """For each of ``names`` that is a temporary object now, its kind ('VIEW' or 'TABLE'): a
+    name that is not can be shadowed with one statement."""
+    found = con.execute(
+        "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE temporary AND list_contains(?, view_name) "
+        "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() "
+        "WHERE temporary AND list_contains(?, table_name)",
+        [names, names],
     ).fetchall()
     return dict(found)
 
@@ -44,20 +64,29 @@ def view_sqls(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str
 @contextmanager
 def swapped_views(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) -> Iterator[None]:
     """Each view of ``replacements`` defined as its SQL for the duration, then as it was (a
-    name that was no view is dropped again).
+    name that was no view is gone again). A temporary table of the name is moved aside as a
+    temporary view is.
 
-    ``IF EXISTS`` does the looking: the catalog is not listed first (a listing of every view
-    costs a millisecond or two, and a small incremental analysis swaps views dozens of times).
+    The create does the looking (it fails when a temporary object has the name already): the
+    catalog is not listed first, which would cost as much as the swap.
     """
-    aside: list[tuple[str, str]] = []
+    undo: list[str] = []
     try:
         for name, sql in replacements.items():
+            try:
+                con.execute(f"CREATE TEMP VIEW {name} AS {sql}")
+                undo.append(f"DROP VIEW temp.main.{name}")
+                continue
+            except duckdb.CatalogException:
+                kind = temporary_objects(con, [name]).get(name)
+                if kind is None:
+                    raise
             kept = f"_aside_{next(_ASIDE)}_{name}"
-            con.execute(f"ALTER VIEW IF EXISTS {name} RENAME TO {kept}")
-            aside.append((name, kept))
-            con.execute(f"CREATE VIEW {name} AS {sql}")
+            con.execute(f"ALTER {kind} temp.main.{name} RENAME TO {kept}")
+            undo.append(f"ALTER {kind} temp.main.{kept} RENAME TO {name}")
+            con.execute(f"CREATE TEMP VIEW {name} AS {sql}")
+            undo.append(f"DROP VIEW temp.main.{name}")
         yield
     finally:
-        for name, kept in reversed(aside):
-            con.execute(f"DROP VIEW IF EXISTS {name}")
-            con.execute(f"ALTER VIEW IF EXISTS {kept} RENAME TO {name}")
+        for statement in reversed(undo):
+            con.execute(statement)

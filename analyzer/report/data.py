@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.analyze import SHARED_VIEWS, Analysis, analyze, materialized
+from hybridtrace.analyze import HELD_SOURCES, SHARED_VIEWS, Analysis, analyze, materialized
 from hybridtrace.analyze.incremental import cut_to_requests
 from hybridtrace.analyze.rules import report_kinds
 from hybridtrace.analyze.view_swap import swapped_views
@@ -123,13 +123,12 @@ def collect(
             stateful = store_of(con) is not None  # else the analysis ran in full, keeping no state
             if stateful:
                 stack.enter_context(swapped_views(con, REPORT_STATE_VIEWS))
-            stack.enter_context(
-                materialized(con, (STATE_REPORT_VIEWS if stateful else SHARED_VIEWS) + REPORT_OWN_VIEWS)
-            )
+            views = (STATE_REPORT_VIEWS if stateful else SHARED_VIEWS) + REPORT_OWN_VIEWS
+            stack.enter_context(materialized(con, views, None if stateful else HELD_SOURCES))
             data = _gather(con, analysis, store, drawn_only=stateful)
     else:
         # the analysis and the report views share one computation of the views both read
-        with materialized(con, SHARED_VIEWS + REPORT_OWN_VIEWS):
+        with materialized(con, SHARED_VIEWS + REPORT_OWN_VIEWS, HELD_SOURCES):
             analysis = analyze(con, config=config, scope=scope)
             data = _gather(con, analysis, store, drawn_only=False)
     data.kind_groups = kind_groups(analysis, KIND_EXAMPLES)

@@ -33,11 +33,11 @@ def engine_models(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """One row per engine: the config it is sized with, how it was matched, B, S, block and padding."""
     schema = table_schema("engine_models")
     # each engine's newest settings, as engine_settings.py resolves them for every view
-    engines = con.sql(
+    engines = con.execute(
         "SELECT engine_id, model, tp_size, kv_cache_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype, "
         "mamba_cache_mode, block_tokens FROM _engine_newest ORDER BY engine_id"
     ).fetchall()
-    models = con.sql(
+    models = con.execute(
         "SELECT model, architecture, config, applies_to FROM models ORDER BY ingested_at"
     ).fetchall()
     if not engines:

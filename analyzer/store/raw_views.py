@@ -151,7 +151,7 @@ def _check_files_kept(con: duckdb.DuckDBPyConnection, store: Store, tables: list
     if not tables:
         return
     sums = ", ".join(f"sum(TRY_CAST(json_extract_string(rows, '$.{t}') AS BIGINT))" for t in tables)
-    listed = con.sql(f"SELECT {sums} FROM sources WHERE status IS DISTINCT FROM 'error'").fetchall()[0]
+    listed = con.execute(f"SELECT {sums} FROM sources WHERE status IS DISTINCT FROM 'error'").fetchall()[0]
     lost = [(t, n) for t, n in zip(tables, listed, strict=True) if n]
     if lost:
         what = ", ".join(f"{n:,} rows of {t}" for t, n in lost)
@@ -178,7 +178,7 @@ def _engines_named_later(con: duckdb.DuckDBPyConnection) -> None:
         WHERE r.engine_id = r.folder AND f.engines_named = 1
         """
     )
-    renamed = con.sql("SELECT count(*) FROM _engine_renames").fetchall()[0][0]
+    renamed = con.execute("SELECT count(*) FROM _engine_renames").fetchall()[0][0]
     for view in ("engines", "log_events", "_intervals_log"):
         stored = _raw_view(view)
         if renamed:
@@ -228,9 +228,9 @@ def _repeated_records(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """How many (engine, request) keys ``request_records`` holds more than once, as a table of one row."""
     import pyarrow as pa
 
-    repeated = con.sql(_REPEATED_SQL).fetchall()[0][0]
+    repeated = con.execute(_REPEATED_SQL).fetchall()[0][0]
     if repeated:
-        repeated = con.sql(_REPEATED_CONFIRM_SQL).fetchall()[0][0]
+        repeated = con.execute(_REPEATED_CONFIRM_SQL).fetchall()[0][0]
     return pa.table({"repeated": pa.array([repeated], pa.int64())})
 
 

@@ -65,9 +65,60 @@ def dictionary_columns(table: pa.Table) -> list[str]:
     return chosen
 
 
+# The columns a look-up of requests filters on. An incremental analysis reads the rows of the
+# few requests new objects touch (analyze/incremental.py), and vLLM's request ids are random:
+# every row group of every file spans the whole range of ids, so its statistics skip none, and
+# the look-up would read the whole store. A Bloom filter per row group tells a reader which
+# groups cannot hold an id: measured on 1.6M reads with random ids, a look-up of 40 ids no file
+# holds took 5 ms instead of 124, for 2.4% more bytes and no slower write.
+BLOOM_COLUMNS = ("request_id", "remote_request_id")
+# False positives per row group and id looked up, as asked of pyarrow (it rounds each filter up
+# to a power of two: measured, 0.13% of 1,500 probes of absent ids passed a group of 30K ids).
+BLOOM_FPP = 0.01
+
+
+def bloom_filters(table: pa.Table, dictionary: list[str]) -> dict[str, dict[str, float]]:
+    """Bloom filter options for the request-id columns of ``table`` whose values are mostly
+    distinct (a dictionary-encoded column repeats its values: its statistics and dictionary
+    serve a look-up already), sized for the distinct values one row group holds: the share of
+    distinct values in a sample of the first rows (a request's reads are written together)."""
+    import pyarrow.compute as pc
+
+    chosen: dict[str, dict[str, float]] = {}
+    rows = min(table.num_rows, PARQUET_OPTIONS["row_group_size"])
+    for name in BLOOM_COLUMNS:
+        if name not in table.column_names or name in dictionary or not rows:
+            continue
+        if not pa.types.is_string(table.schema.field(name).type):
+            continue
+        sample = table[name].slice(0, DICTIONARY_SAMPLE)
+        distinct = pc.count_distinct(sample).as_py()
+        if distinct:
+            share = distinct / len(sample)
+            chosen[name] = {"ndv": max(1, int(rows * share) + 1), "fpp": BLOOM_FPP}
+    return chosen
+
+
+def _bloom_supported() -> bool:
+    import inspect
+
+    return "bloom_filter_options" in inspect.signature(pq.ParquetWriter.__init__).parameters
+
+
+# Whether the installed pyarrow writes Bloom filters (older versions write files without).
+BLOOM_WRITTEN = _bloom_supported()
+
+
 def write_parquet_table(table: pa.Table, where: str | pa.NativeFile) -> None:
-    """Write ``table`` with the store's options, dictionaries only where values repeat."""
-    pq.write_table(table, where, use_dictionary=dictionary_columns(table), **PARQUET_OPTIONS)
+    """Write ``table`` with the store's options, dictionaries only where values repeat, and
+    Bloom filters of the request ids (where the installed pyarrow writes them)."""
+    dictionary = dictionary_columns(table)
+    extra = {}
+    if BLOOM_WRITTEN:
+        blooms = bloom_filters(table, dictionary)
+        if blooms:
+            extra["bloom_filter_options"] = blooms
+    pq.write_table(table, where, use_dictionary=dictionary, **PARQUET_OPTIONS, **extra)
 
 
 class LocalRoot:
