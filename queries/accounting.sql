@@ -244,6 +244,18 @@ SELECT
     sum(transported_bytes) FILTER (WHERE expected IS NOT NULL) AS sized_transported_bytes
 FROM sized;
 
+-- _log_event_counts: one row: the log events' count and the records the trace writers said
+-- they dropped, as _input_counts and _input_counts_of_rows give them.
+--
+-- Columns:
+--   log_events              rows of log_events
+--   trace_records_dropped   records the trace writers said they dropped (`trace_dropped` events)
+CREATE OR REPLACE VIEW _log_event_counts AS
+SELECT count(*) AS log_events,
+       CAST(coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT))
+                     FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
+FROM log_events;
+
 -- _input_counts: one row: how many rows of the request-scoped inputs there are, as the
 -- summary's input counts and the request rules' inputs give them. Each is a scan that grows
 -- with the store: an incremental analysis reads them from its state's counters instead
@@ -260,10 +272,7 @@ CREATE OR REPLACE VIEW _input_counts AS
 SELECT t.transfers, t.transfers_ok, r.requests, r.requests_with_tokens, e.log_events, e.trace_records_dropped
 FROM (SELECT count(*) AS transfers, count(*) FILTER (WHERE status = 'ok') AS transfers_ok FROM transfers) t,
      (SELECT count(*) AS requests, count(transferred_tokens) AS requests_with_tokens FROM requests) r,
-     (SELECT count(*) AS log_events,
-             CAST(coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT))
-                           FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
-      FROM log_events) e;
+     _log_event_counts e;
 
 -- _input_counts_of_rows: _input_counts from the request tables an analysis holds: the reads
 -- counted from each request's reads grouped once (_request_reads groups every read, those
@@ -279,10 +288,7 @@ SELECT t.transfers, t.transfers_ok, r.requests, r.requests_with_tokens, e.log_ev
 FROM (SELECT CAST(coalesce(sum(reads), 0) AS BIGINT) AS transfers,
              CAST(coalesce(sum(reads_ok), 0) AS BIGINT) AS transfers_ok FROM _request_reads) t,
      (SELECT count(*) AS requests, count(transferred_tokens) AS requests_with_tokens FROM _request_rows) r,
-     (SELECT count(*) AS log_events,
-             CAST(coalesce(sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT))
-                           FILTER (WHERE kind = 'trace_dropped'), 0) AS BIGINT) AS trace_records_dropped
-      FROM log_events) e;
+     _log_event_counts e;
 
 -- request_bytes: the four counts summed over a request's successful reads (all ranks): a
 -- failed or expired read moved nothing it had to, so it counts in `reads` only.

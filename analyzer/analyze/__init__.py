@@ -22,7 +22,7 @@ from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
 from hybridtrace.analyze.thresholds import install as install_thresholds
 from hybridtrace.analyze.thresholds import load as load_thresholds
-from hybridtrace.analyze.view_swap import swapped_views
+from hybridtrace.analyze.view_swap import catalog_objects, swapped_views
 
 if TYPE_CHECKING:
     from hybridtrace.analyze.incremental import IncrementalRun
@@ -143,7 +143,7 @@ def materialized(
                     stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
                     continue
                 except duckdb.CatalogException:
-                    known = _objects(con, names)
+                    known = catalog_objects(con, list(names))
                     if name in known[0] and name not in known[1]:
                         raise  # the view itself failed
             views, temporary = known
@@ -157,20 +157,6 @@ def materialized(
             con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {source}")
             stack.callback(con.execute, f"DROP TABLE temp.main.{name}")
         yield
-
-
-def _objects(con: duckdb.DuckDBPyConnection, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
-    """Which of ``names`` are views (of the store's or temporary), and the kind of those that
-    are temporary objects now, in one look-up."""
-    found = con.execute(
-        "SELECT view_name, temporary, 'VIEW' FROM duckdb_views() "
-        "WHERE NOT internal AND list_contains(?, view_name) "
-        "UNION ALL SELECT table_name, true, 'TABLE' FROM duckdb_tables() "
-        "WHERE temporary AND list_contains(?, table_name)",
-        [list(names), list(names)],
-    ).fetchall()
-    views = {name for name, _, kind in found if kind == "VIEW"}
-    return views, {name: kind for name, temporary, kind in found if temporary}
 
 
 class Analysis:

@@ -152,24 +152,22 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None
     return con.execute(sql, params or []).fetchall()[0][0]
 
 
-def _listed(ids: list[str], table: str, limit: int = 2000) -> str:
-    """``ids`` as the right side of an ``IN``: a short list spelled out (see ``_in_scope``),
-    a long one read from ``table`` (a table of ``request_id`` holding them, and maybe more)."""
+def _listed(ids: list[str], table: str, column: str = "request_id", limit: int = 2000) -> str:
+    """``ids`` as the right side of an ``IN``: a short list spelled out, so that a Parquet scan
+    filters by it as it reads (and skips, by their statistics and Bloom filters, the row groups
+    that hold none of the ids) instead of reading every row for a join; a long one read from
+    ``column`` of ``table`` (a table holding them, and maybe more)."""
     if len(ids) > limit:
-        return f"(SELECT request_id FROM {table})"
-    return "(" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")"
+        return f"(SELECT {column} FROM {table})"
+    return "(" + (", ".join("'" + i.replace("'", "''") + "'" for i in ids) or "NULL") + ")"
 
 
 def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
-    """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL: a short list spelled
-    out, so that a Parquet scan filters by it as it reads (and skips, by their statistics, the
-    row groups that hold none of the ids) instead of reading every row for a join."""
+    """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL (``_listed``)."""
     found = [i for (i,) in con.execute(f"SELECT request_id FROM {ids} LIMIT {limit + 1}").fetchall()]
     if not found:
         return "false"  # no id in scope (nothing new): no join of every row with an empty list
-    if len(found) > limit:
-        return f"{column} IN (SELECT request_id FROM {ids})"
-    return f"{column} IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in found) + ")"
+    return f"{column} IN {_listed(found, ids, limit=limit)}"
 
 
 @contextmanager
@@ -292,11 +290,7 @@ class IncrementalRun:
         # statistics, every row group of an older read
         found = con.execute("SELECT source_id FROM _new_sources").fetchall()
         new_ids = [i for (i,) in found if i is not None]
-        if len(new_ids) <= 2000:
-            listed = ", ".join("'" + i.replace("'", "''") + "'" for i in new_ids) or "NULL"
-            is_new = f"source_id IN ({listed})"
-        else:
-            is_new = "source_id IN (SELECT source_id FROM _new_sources)"
+        is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
 
         def new(table: str, columns: str) -> str:
             # a row without a source is new too; two scans, not one filter with OR: a list

@@ -23,7 +23,7 @@ from itertools import count
 
 import duckdb
 
-__all__ = ["swapped_views", "temporary_objects", "view_sql", "view_sqls"]
+__all__ = ["catalog_objects", "swapped_views", "view_sql", "view_sqls"]
 
 # Names the temporary originals are kept under, unique across nested swaps of one name.
 _ASIDE = count(1)
@@ -49,16 +49,19 @@ def view_sqls(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str
     return dict(found)
 
 
-def temporary_objects(con: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, str]:
-    """For each of ``names`` that is a temporary object now, its kind ('VIEW' or 'TABLE'): a
-    name that is not can be shadowed with one statement."""
+def catalog_objects(con: duckdb.DuckDBPyConnection, names: list[str]) -> tuple[set[str], dict[str, str]]:
+    """Which of ``names`` are views (the store's or temporary ones), and for those that are
+    temporary objects now, their kind ('VIEW' or 'TABLE'), in one look-up: a name that is not
+    temporary can be shadowed with one statement."""
     found = con.execute(
-        "SELECT view_name, 'VIEW' FROM duckdb_views() WHERE temporary AND list_contains(?, view_name) "
-        "UNION ALL SELECT table_name, 'TABLE' FROM duckdb_tables() "
+        "SELECT view_name, temporary, 'VIEW' FROM duckdb_views() "
+        "WHERE NOT internal AND list_contains(?, view_name) "
+        "UNION ALL SELECT table_name, true, 'TABLE' FROM duckdb_tables() "
         "WHERE temporary AND list_contains(?, table_name)",
         [names, names],
     ).fetchall()
-    return dict(found)
+    views = {name for name, _, kind in found if kind == "VIEW"}
+    return views, {name: kind for name, temporary, kind in found if temporary}
 
 
 @contextmanager
@@ -78,7 +81,7 @@ def swapped_views(con: duckdb.DuckDBPyConnection, replacements: dict[str, str]) 
                 undo.append(f"DROP VIEW temp.main.{name}")
                 continue
             except duckdb.CatalogException:
-                kind = temporary_objects(con, [name]).get(name)
+                kind = catalog_objects(con, [name])[1].get(name)
                 if kind is None:
                     raise
             kept = f"_aside_{next(_ASIDE)}_{name}"
