@@ -709,17 +709,20 @@ class IncrementalRun:
         )
         tables = {
             "analysis_runs": runs,
-            # in request id order: a later run looks up its scope's ids, and the row groups'
-            # statistics then skip the groups that hold none of them
+            # in request id order within each partition: a later run looks up its scope's ids,
+            # and the row groups' statistics then skip the groups that hold none of them; the
+            # partitions first, so that each is one run of rows (written without a copy)
             "analysis_requests": _arrow(
                 con,
                 f"SELECT {seq} AS seq, * FROM _scope_rollups "
-                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers}) ORDER BY request_id, engine_id",
+                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers}) "
+                "ORDER BY day, engine_id, request_id",
             ),
             "analysis_findings": _arrow(
                 con,
                 f"SELECT {seq} AS seq, f.*, d.day FROM _scope_findings f "
-                "LEFT JOIN _scope_days d ON d.request_id = f.request_id ORDER BY f.request_id",
+                "LEFT JOIN _scope_days d ON d.request_id = f.request_id "
+                "ORDER BY d.day, f.engine_id, f.request_id",
             ),
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
@@ -730,7 +733,7 @@ class IncrementalRun:
                 con,
                 f"SELECT {seq} AS seq, rule, {_COLUMNS}, "
                 "CAST(make_timestamp(CAST(start_ts * 1e6 AS BIGINT)) AS DATE) AS day "
-                f"FROM ({self.result[2]}) ORDER BY ALL",
+                f"FROM ({self.result[2]}) ORDER BY day, engine_id, rule, {_COLUMNS}",
             )
         return tables
 
@@ -752,7 +755,7 @@ def _empty_sources() -> pa.Table:
 _SCOPE_ROLLUPS = """
 CREATE OR REPLACE TEMP TABLE _scope_rollups AS
 WITH acc AS (
-    SELECT _key(engine_id, request_id) AS k, count(*) AS reads,
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, count(*) AS reads,
            count(*) FILTER (WHERE status = 'ok') AS reads_ok,
            count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
            sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
@@ -763,24 +766,24 @@ WITH acc AS (
                AS sized_transported_bytes,
            -- what the report reads of the reads' byte counts (report.sql's _report_request_sums)
            sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes,
-           max(transferred_tokens) AS max_tokens
+           max(transferred_tokens) AS max_tokens,
+           min(share) AS share_lo, max(share) AS share_hi, count(share) AS share_n
     FROM transfer_bytes GROUP BY ALL
 ),
 -- the reads each share counts (report.sql's _report_share_reads): one share for nearly every
--- request, a list for a request whose reads make several (listed for those alone: a list
--- per request costs a quarter of a full run's rollups)
-sp AS (
-    SELECT _key(engine_id, request_id) AS k, share, count(*) AS n FROM transfer_bytes
-    WHERE share IS NOT NULL GROUP BY ALL
-),
-sh AS (
-    SELECT k, CASE WHEN count(*) = 1 THEN min(share) END AS share,
-           CASE WHEN count(*) = 1 THEN sum(n) END AS share_reads, count(*) > 1 AS several
-    FROM sp GROUP BY k
-),
+-- request (its least and greatest share are one), a list for the few whose reads make
+-- several, read again for those alone (a list per request cost a quarter of a full run's
+-- rollups, a second pass over the reads another)
 shm AS (
-    SELECT k, CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) AS shares
-    FROM sp WHERE k IN (SELECT k FROM sh WHERE several) GROUP BY k
+    SELECT _key(engine_id, request_id) AS k,
+           CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) AS shares
+    FROM (
+        SELECT t.engine_id, t.request_id, t.share, count(*) AS n FROM transfer_bytes t
+        SEMI JOIN (SELECT engine_id, request_id FROM acc WHERE share_lo <> share_hi) m
+            ON t.engine_id IS NOT DISTINCT FROM m.engine_id AND t.request_id IS NOT DISTINCT FROM m.request_id
+        WHERE t.share IS NOT NULL GROUP BY ALL
+    )
+    GROUP BY ALL
 ),
 rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
 -- the prefill engines its reads name: the least and the greatest, which tell one from several
@@ -840,7 +843,8 @@ SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
-       acc.excess_bytes, acc.max_tokens, sh.share, sh.share_reads, shm.shares,
+       acc.excess_bytes, acc.max_tokens, CASE WHEN acc.share_lo = acc.share_hi THEN acc.share_lo END AS share,
+       CASE WHEN acc.share_lo = acc.share_hi THEN CAST(acc.share_n AS HUGEINT) END AS share_reads, shm.shares,
        h.k IS NOT NULL AS handoff, h.prefill_s, h.missing_tokens AS handoff_missing_tokens, h.prefill_source,
        -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
        coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
@@ -862,7 +866,6 @@ LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
 LEFT JOIN u USING (k)
 LEFT JOIN rq USING (k)
-LEFT JOIN sh USING (k)
 LEFT JOIN shm USING (k)
 LEFT JOIN rp USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
@@ -885,16 +888,17 @@ SELECT request_id,
        CAST(coalesce(sum(input_log_events), 0) AS BIGINT) AS input_log_events,
        CAST(coalesce(sum(input_trace_records_dropped), 0) AS BIGINT) AS input_trace_records_dropped
 FROM (
-    SELECT request_id, count(*) AS input_transfers,
-           count(*) FILTER (WHERE status = 'ok') AS input_transfers_ok
-    FROM transfers GROUP BY request_id
-    UNION ALL BY NAME
-    SELECT request_id, count(*) AS input_requests, count(transferred_tokens) AS input_requests_with_tokens
-    FROM requests GROUP BY request_id
-    UNION ALL BY NAME
-    SELECT request_id, count(*) AS input_log_events,
+    -- from the rows the scope holds, as _input_counts_of_rows counts them: each request's reads
+    -- grouped once (every read, those naming no request too), one row per request record; one
+    -- grouping of them all (a grouping of the records first cost as much again)
+    SELECT request_id, reads AS input_transfers, reads_ok AS input_transfers_ok, 0 AS input_requests,
+           0 AS input_requests_with_tokens, 0 AS input_log_events, 0 AS input_trace_records_dropped
+    FROM _request_reads
+    UNION ALL
+    SELECT request_id, 0, 0, 1, CAST(transferred_tokens IS NOT NULL AS INTEGER), 0, 0 FROM _request_rows
+    UNION ALL
+    SELECT request_id, 0, 0, 0, 0, count(*),
            sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)) FILTER (WHERE kind = 'trace_dropped')
-               AS input_trace_records_dropped
     FROM log_events GROUP BY request_id
 ) GROUP BY request_id
 """
