@@ -587,7 +587,12 @@ class IncrementalRun:
             # read, so merged_views applies the current ones to the kept untimed rows
             with swapped_views(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
-            con.execute(_SCOPE_DAYS)
+            # a full run's scope is every request id of those tables: no look-up of each in it
+            whole = self.full and not cutting
+            in_scope = (
+                "request_id IS NOT NULL" if whole else "request_id IN (SELECT request_id FROM _scope_ids)"
+            )
+            con.execute(_SCOPE_DAYS.format(in_scope=in_scope))
             con.execute(_SCOPE_INPUTS)
             con.execute(_SCOPE_ROLLUPS)
         if windows:
@@ -933,7 +938,7 @@ CREATE OR REPLACE TEMP TABLE _scope_days AS
 SELECT request_id, min(day) AS day FROM (
     SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM request_records
     UNION ALL SELECT request_id, day FROM log_events
-) WHERE request_id IN (SELECT request_id FROM _scope_ids) GROUP BY request_id
+) WHERE {in_scope} GROUP BY request_id
 """
 
 # The per-rank medians of the windows new reads fall into, from every read of those windows
