@@ -169,6 +169,14 @@ def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, id
     return f"{column} IN {_listed(found, ids, limit=limit)}"
 
 
+# The tables whose rows naming no request share row groups with the rows naming one (a log's
+# stats and engine lines among its request lines); the reads and the records have none, and a
+# scan for them skips every row group by its statistics. A list of ids this short under an OR
+# costs less than a second read of those groups.
+_NAMELESS_ALONGSIDE = ("log_events",)
+_FEW_IDS = 64
+
+
 @contextmanager
 def cut_to_requests(
     con: duckdb.DuckDBPyConnection,
@@ -185,7 +193,15 @@ def cut_to_requests(
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
     scoped = _in_scope(con, "request_id", ids=ids)
+    few = _scalar(con, f"SELECT count(*) <= {_FEW_IDS} FROM {ids}")
     for name in names:
+        if few and name in _NAMELESS_ALONGSIDE:
+            # one scan with OR: its rows naming no request sit in the row groups of those
+            # naming one, which two scans would each read whole (measured: 35 ms against 23
+            # on the log events of a million requests); a short list only (below)
+            where = f"{scoped} OR request_id IS NULL"
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE {where}")
+            continue
         # two scans, not one filter with OR: a list under an OR is compared item by item on
         # every row (a thousand ids made a cut of a million requests' reads take seconds);
         # the list alone, and IS NULL alone, reach the Parquet reader
