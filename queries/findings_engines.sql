@@ -110,15 +110,27 @@ CREATE OR REPLACE VIEW _handshake_mismatches AS
 SELECT engine_id, remote_engine_id, count(*) AS mismatches
 FROM log_events WHERE kind = 'handshake_mismatch' GROUP BY ALL;
 
+-- _read_engine_pairs: the (decode, prefill) engine pairs the reads name, each once;
+-- remote_engine_id null for reads that name no prefill engine. An incremental analysis reads
+-- them from its counters instead of every read.
+CREATE OR REPLACE VIEW _read_engine_pairs AS
+SELECT DISTINCT engine_id, remote_engine_id FROM transfers;
+
+-- _record_engine_pairs: the (decode, prefill) engine pairs the request records name, each
+-- once (records naming no prefill engine left out). An incremental analysis reads them from
+-- its counters instead of every record.
+CREATE OR REPLACE VIEW _record_engine_pairs AS
+SELECT DISTINCT engine_id, remote_engine_id FROM requests WHERE remote_engine_id IS NOT NULL;
+
 -- _config_pairs: the decode/prefill pairs whose settings are compared. Engines that
 -- exchanged KV or tried to: reads, request records (a failed handshake leaves no read),
 -- failure lines naming both engines; and a handshake mismatch no such pair explains, as a
 -- pair of its own (remote_engine_id null when the line names none), so it is never lost.
 CREATE OR REPLACE VIEW _config_pairs AS
 WITH known AS (
-    SELECT DISTINCT engine_id, remote_engine_id FROM transfers
+    SELECT engine_id, remote_engine_id FROM _read_engine_pairs
     UNION
-    SELECT DISTINCT engine_id, remote_engine_id FROM requests WHERE remote_engine_id IS NOT NULL
+    SELECT engine_id, remote_engine_id FROM _record_engine_pairs
     UNION
     SELECT DISTINCT engine_id, remote_engine_id FROM log_events
     WHERE kind IN ('transfer_failed', 'handshake_mismatch') AND remote_engine_id IS NOT NULL

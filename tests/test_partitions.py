@@ -50,3 +50,25 @@ def test_each_row_lands_in_the_directory_of_its_own_values(days, engines):
 def test_no_rows_make_no_partition():
     schema = table_schema("log_events")
     assert partitions(schema, schema.arrow_schema().empty_table()) == []
+
+
+def test_a_table_sorted_by_its_partition_columns_is_split_without_a_copy():
+    """Sorted by its partition columns first (as the analysis state is written), each
+    partition is one run of rows: a slice of the table, sharing its buffers. Unsorted, the
+    same rows come out, filtered."""
+    schema = table_schema("analysis_counts")
+    rows = [
+        {"seq": 1, "engine_id": engine, "day": day, "counter": "reads", "key": None, "value": n}
+        for n, (day, engine) in enumerate([(DAY, "decode-0"), (DAY, "decode-1"), (NEXT, None)] * 3)
+    ]
+    data = schema.conform(pa.Table.from_pylist(rows))
+    order = [("day", "ascending"), ("engine_id", "ascending"), ("value", "ascending")]
+    ordered = data.sort_by(order)
+    split = dict(partitions(schema, ordered))
+    shuffled = dict(partitions(schema, data))
+    assert split.keys() == shuffled.keys() == _grouped(schema, data).keys()
+    base = ordered.column("value").chunks[0].buffers()[1].address
+    for directory, part in split.items():
+        assert part.sort_by(order).equals(shuffled[directory].sort_by(order))
+        # a slice points into the sorted table's own buffer
+        assert part.column("value").chunks[0].buffers()[1].address == base

@@ -97,6 +97,7 @@ MERGED_VIEWS = (
     "_rank_windows",
     "_rank_fit_verdicts",
     "_other_engines",
+    "_config_pairs",
 )
 
 _ORDER_BY = (
@@ -278,7 +279,7 @@ def analyze(
             with incremental_views(
                 con, store, full=full or not incremental, scope=scope, write=incremental, run=looked
             ) as run:
-                with materialized(con, MERGED_VIEWS):
+                with materialized(con, MERGED_VIEWS, run.merged_sources):
                     stored = (CURRENT_FINDINGS, tuple(r.view for r in STORED_RULES), CURRENT_FINDING_COUNTS)
                     result = _analyze(con, stored=stored)
                 # kept with the state: the findings it computed over the whole store now

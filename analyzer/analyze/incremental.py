@@ -37,7 +37,6 @@ runs changes nothing, and a run killed before its commit leaves the state as it 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -48,7 +47,7 @@ import duckdb
 import pyarrow as pa
 
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
-from hybridtrace.analyze.view_swap import swapped_views, view_sql
+from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
 from hybridtrace.store.commit import Store, new_batch_id
 
@@ -76,7 +75,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 7
+STATE_VERSION = 8
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -170,6 +169,14 @@ def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, id
     return f"{column} IN {_listed(found, ids, limit=limit)}"
 
 
+# The tables whose rows naming no request share row groups with the rows naming one (a log's
+# stats and engine lines among its request lines); the reads and the records have none, and a
+# scan for them skips every row group by its statistics. A list of ids this short under an OR
+# costs less than a second read of those groups.
+_NAMELESS_ALONGSIDE = ("log_events",)
+_FEW_IDS = 64
+
+
 @contextmanager
 def cut_to_requests(
     con: duckdb.DuckDBPyConnection,
@@ -186,7 +193,15 @@ def cut_to_requests(
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
     scoped = _in_scope(con, "request_id", ids=ids)
+    few = _scalar(con, f"SELECT count(*) <= {_FEW_IDS} FROM {ids}")
     for name in names:
+        if few and name in _NAMELESS_ALONGSIDE:
+            # one scan with OR: its rows naming no request sit in the row groups of those
+            # naming one, which two scans would each read whole (measured: 35 ms against 23
+            # on the log events of a million requests); a short list only (below)
+            where = f"{scoped} OR request_id IS NULL"
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE {where}")
+            continue
         # two scans, not one filter with OR: a list under an OR is compared item by item on
         # every row (a thousand ids made a cut of a million requests' reads take seconds);
         # the list alone, and IS NULL alone, reach the Parquet reader
@@ -223,6 +238,10 @@ class IncrementalRun:
     result: tuple[dict, dict, str] | None = None
     # the last committed run's row of analysis_runs, None when there is none (``look``)
     last: Any = _NOT_LOOKED
+    # inside ``merged_views``: the relations of the merged state that give the rows of views
+    # the analysis materializes (``materialized``'s sources): computed into their tables
+    # straight away, not swapped in as views first (a view is bound when it is made)
+    merged_sources: dict[str, str] = field(default_factory=dict)
 
     # --- what is new -------------------------------------------------------------------
 
@@ -584,7 +603,12 @@ class IncrementalRun:
             # read, so merged_views applies the current ones to the kept untimed rows
             with swapped_views(con, {"_untimed_handoffs": "SELECT * FROM _scope_untimed LIMIT 0"}):
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_findings AS SELECT * FROM ({union})")
-            con.execute(_SCOPE_DAYS)
+            # a full run's scope is every request id of those tables: no look-up of each in it
+            whole = self.full and not cutting
+            in_scope = (
+                "request_id IS NOT NULL" if whole else "request_id IN (SELECT request_id FROM _scope_ids)"
+            )
+            con.execute(_SCOPE_DAYS.format(in_scope=in_scope))
             con.execute(_SCOPE_INPUTS)
             con.execute(_SCOPE_ROLLUPS)
         if windows:
@@ -622,15 +646,17 @@ class IncrementalRun:
             "_untraced_interval_bytes": "SELECT * FROM _interval_verdicts((SELECT "
                                         "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
         }  # fmt: skip
-        # _config_pairs reads only the engine pairs of the reads: it reads them from the counts
+        # _config_pairs reads of the reads and the records only the engine pairs they name:
+        # those come from the counts, not from every read and record
         con = self.con
         con.execute(f"CREATE OR REPLACE TEMP TABLE _transfer_pairs AS {_TRANSFER_PAIRS}")
-        original = view_sql(con, "_config_pairs")
-        if original and " transfers" in original:
-            body = original.split(" AS ", 1)[1].rstrip().rstrip(";")
-            body = re.sub(r"\btransfers\b", "_transfer_pairs", body)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _state_config_pairs AS {body}")
-            replacements["_config_pairs"] = "SELECT * FROM _state_config_pairs"
+        replacements["_read_engine_pairs"] = "SELECT * FROM _transfer_pairs"
+        replacements["_record_engine_pairs"] = _RECORD_PAIRS
+        from hybridtrace.analyze import MERGED_VIEWS
+
+        self.merged_sources = {
+            name: f"({replacements.pop(name)})" for name in MERGED_VIEWS if name in replacements
+        }
         try:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
@@ -652,7 +678,7 @@ class IncrementalRun:
             with swapped_views(con, {**replacements, "_untimed_handoffs": untimed}):
                 yield
         finally:
-            for table in ("_transfer_pairs", "_state_config_pairs", "_fitted_now"):
+            for table in ("_transfer_pairs", "_fitted_now"):
                 con.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- the state written -----------------------------------------------------------
@@ -704,17 +730,20 @@ class IncrementalRun:
         )
         tables = {
             "analysis_runs": runs,
-            # in request id order: a later run looks up its scope's ids, and the row groups'
-            # statistics then skip the groups that hold none of them
+            # in request id order within each partition: a later run looks up its scope's ids,
+            # and the row groups' statistics then skip the groups that hold none of them; the
+            # partitions first, so that each is one run of rows (written without a copy)
             "analysis_requests": _arrow(
                 con,
                 f"SELECT {seq} AS seq, * FROM _scope_rollups "
-                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers}) ORDER BY request_id, engine_id",
+                f"UNION ALL BY NAME SELECT {seq} AS seq, * FROM ({markers}) "
+                "ORDER BY day, engine_id, request_id",
             ),
             "analysis_findings": _arrow(
                 con,
                 f"SELECT {seq} AS seq, f.*, d.day FROM _scope_findings f "
-                "LEFT JOIN _scope_days d ON d.request_id = f.request_id ORDER BY f.request_id",
+                "LEFT JOIN _scope_days d ON d.request_id = f.request_id "
+                "ORDER BY d.day, f.engine_id, f.request_id",
             ),
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
@@ -725,7 +754,7 @@ class IncrementalRun:
                 con,
                 f"SELECT {seq} AS seq, rule, {_COLUMNS}, "
                 "CAST(make_timestamp(CAST(start_ts * 1e6 AS BIGINT)) AS DATE) AS day "
-                f"FROM ({self.result[2]}) ORDER BY ALL",
+                f"FROM ({self.result[2]}) ORDER BY day, engine_id, rule, {_COLUMNS}",
             )
         return tables
 
@@ -747,7 +776,7 @@ def _empty_sources() -> pa.Table:
 _SCOPE_ROLLUPS = """
 CREATE OR REPLACE TEMP TABLE _scope_rollups AS
 WITH acc AS (
-    SELECT _key(engine_id, request_id) AS k, count(*) AS reads,
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, count(*) AS reads,
            count(*) FILTER (WHERE status = 'ok') AS reads_ok,
            count(*) FILTER (WHERE status = 'ok' AND expected_bytes IS NOT NULL) AS reads_sized,
            sum(logical_bytes) FILTER (WHERE status = 'ok') AS logical_bytes,
@@ -758,34 +787,49 @@ WITH acc AS (
                AS sized_transported_bytes,
            -- what the report reads of the reads' byte counts (report.sql's _report_request_sums)
            sum(excess_bytes) FILTER (WHERE status = 'ok') AS excess_bytes,
-           max(transferred_tokens) AS max_tokens
+           max(transferred_tokens) AS max_tokens,
+           min(share) AS share_lo, max(share) AS share_hi, count(share) AS share_n
     FROM transfer_bytes GROUP BY ALL
 ),
 -- the reads each share counts (report.sql's _report_share_reads): one share for nearly every
--- request, a list for a request whose reads make several
-sh AS (
-    SELECT k, CASE WHEN count(*) = 1 THEN min(share) END AS share,
-           CASE WHEN count(*) = 1 THEN sum(n) END AS share_reads,
-           CASE WHEN count(*) > 1
-                THEN CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) END AS shares
-    FROM (SELECT _key(engine_id, request_id) AS k, share, count(*) AS n FROM transfer_bytes
-          WHERE share IS NOT NULL GROUP BY ALL)
-    GROUP BY k
+-- request (its least and greatest share are one), a list for the few whose reads make
+-- several, read again for those alone (a list per request cost a quarter of a full run's
+-- rollups, a second pass over the reads another)
+shm AS (
+    SELECT _key(engine_id, request_id) AS k,
+           CAST(to_json(list({'share': share, 'reads': n} ORDER BY share)) AS VARCHAR) AS shares
+    FROM (
+        SELECT t.engine_id, t.request_id, t.share, count(*) AS n FROM transfer_bytes t
+        SEMI JOIN (SELECT engine_id, request_id FROM acc WHERE share_lo <> share_hi) m
+            ON t.engine_id IS NOT DISTINCT FROM m.engine_id AND t.request_id IS NOT DISTINCT FROM m.request_id
+        WHERE t.share IS NOT NULL GROUP BY ALL
+    )
+    GROUP BY ALL
 ),
 rr AS (SELECT _key(engine_id, request_id) AS k, slowest_rank, critical_path_s FROM _request_reads),
+-- the prefill engines its reads name: the least and the greatest, which tell one from several
+-- (a count of distinct ones per request costs a grouping of every read of its own)
 tx AS (
     SELECT engine_id, request_id, _key(engine_id, request_id) AS k,
            count(*) FILTER (WHERE status = 'failed') AS failed_reads,
-           count(DISTINCT remote_engine_id) AS remote_count,
-           CASE WHEN count(DISTINCT remote_engine_id) = 1 THEN min(remote_engine_id) END AS remote_engine_id,
-           -- a list only for the few requests that read from several prefill engines
-           CASE WHEN count(DISTINCT remote_engine_id) > 1
-                THEN CAST(to_json(list(DISTINCT remote_engine_id ORDER BY remote_engine_id)
-                     FILTER (WHERE remote_engine_id IS NOT NULL)) AS VARCHAR) END AS remotes,
-           bool_or(remote_engine_id IS NULL) AS null_remote,
-           list(DISTINCT remote_engine_id) FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)
-               AS expired_remotes
+           min(remote_engine_id) AS remote_lo, max(remote_engine_id) AS remote_hi,
+           bool_or(remote_engine_id IS NULL) AS null_remote
     FROM transfers GROUP BY engine_id, request_id
+),
+-- counted and listed for the few requests whose reads name several
+txm AS (
+    SELECT _key(t.engine_id, t.request_id) AS k, count(DISTINCT t.remote_engine_id) AS remote_count,
+           CAST(to_json(list(DISTINCT t.remote_engine_id ORDER BY t.remote_engine_id)
+                FILTER (WHERE t.remote_engine_id IS NOT NULL)) AS VARCHAR) AS remotes
+    FROM transfers t
+    SEMI JOIN (SELECT engine_id, request_id FROM tx WHERE remote_lo <> remote_hi) m
+        ON t.engine_id IS NOT DISTINCT FROM m.engine_id AND t.request_id IS NOT DISTINCT FROM m.request_id
+    GROUP BY ALL
+),
+-- the prefill engines its expired reads name, for the few with one
+txe AS (
+    SELECT _key(engine_id, request_id) AS k, list(DISTINCT remote_engine_id) AS expired_remotes
+    FROM transfers WHERE status = 'expired' AND remote_engine_id IS NOT NULL GROUP BY ALL
 ),
 -- the request records that name a failure or an expiry (_named_trace_events counts them)
 rq AS (
@@ -794,6 +838,12 @@ rq AS (
            list(DISTINCT remote_engine_id) FILTER (WHERE status = 'expired' AND remote_engine_id IS NOT NULL)
                AS expired_remotes
     FROM requests WHERE status IN ('failed', 'expired') GROUP BY engine_id, request_id
+),
+-- the prefill engine its record names (_record_engine_pairs; ``requests`` holds one record per
+-- request): a failed handshake leaves a record naming the pair and no read
+rp AS (
+    SELECT engine_id, request_id, _key(engine_id, request_id) AS k, remote_engine_id AS record_remote
+    FROM requests WHERE remote_engine_id IS NOT NULL
 ),
 h AS (
     SELECT engine_id, request_id, _key(engine_id, request_id) AS k, prefill_s, missing_tokens, prefill_source
@@ -805,33 +855,40 @@ u AS (
     FROM _scope_untimed
 ),
 -- every key with a read is in tx (a handoff has reads too); an untimed handoff, a failed or
--- expired request may have none
+-- expired request, a record naming a prefill engine may have none
 keys AS (
     SELECT engine_id, request_id, k FROM tx UNION SELECT engine_id, request_id, k FROM u
-    UNION SELECT engine_id, request_id, k FROM rq
+    UNION SELECT engine_id, request_id, k FROM rq UNION SELECT engine_id, request_id, k FROM rp
 )
 SELECT keys.request_id, keys.engine_id, d.day,
        acc.reads, acc.reads_ok, acc.reads_sized, acc.logical_bytes, acc.expected_bytes, acc.reserved_bytes,
        acc.transported_bytes, acc.sized_transported_bytes,
        rr.k IS NOT NULL AS has_reads, rr.slowest_rank, rr.critical_path_s,
-       acc.excess_bytes, acc.max_tokens, sh.share, sh.share_reads, sh.shares,
+       acc.excess_bytes, acc.max_tokens, CASE WHEN acc.share_lo = acc.share_hi THEN acc.share_lo END AS share,
+       CASE WHEN acc.share_lo = acc.share_hi THEN CAST(acc.share_n AS HUGEINT) END AS share_reads, shm.shares,
        h.k IS NOT NULL AS handoff, h.prefill_s, h.missing_tokens AS handoff_missing_tokens, h.prefill_source,
        -- its failed reads, or (none failed) its failed records: what _named_trace_events counts
        coalesce(nullif(tx.failed_reads, 0), rq.failed_records, 0) AS failed_named,
-       tx.remote_count, tx.remote_engine_id, tx.remotes, tx.null_remote,
-       CASE WHEN len(list_distinct(list_concat(tx.expired_remotes, rq.expired_remotes))) > 0
-            THEN CAST(to_json(list_sort(list_distinct(list_concat(tx.expired_remotes, rq.expired_remotes))))
+       CASE WHEN tx.remote_lo IS NULL THEN 0 WHEN tx.remote_lo = tx.remote_hi THEN 1 ELSE txm.remote_count END
+           AS remote_count,
+       CASE WHEN tx.remote_lo = tx.remote_hi THEN tx.remote_lo END AS remote_engine_id, txm.remotes,
+       tx.null_remote, rp.record_remote,
+       CASE WHEN len(list_distinct(list_concat(txe.expired_remotes, rq.expired_remotes))) > 0
+            THEN CAST(to_json(list_sort(list_distinct(list_concat(txe.expired_remotes, rq.expired_remotes))))
                       AS VARCHAR) END AS expired_named_remotes,
        u.k IS NOT NULL AS untimed, u.remote_engine_id AS untimed_remote_engine_id, u.missing_tokens,
        u.measured_prefill_s, u.read_bytes
 FROM keys
 LEFT JOIN tx USING (k)
+LEFT JOIN txm USING (k)
+LEFT JOIN txe USING (k)
 LEFT JOIN acc USING (k)
 LEFT JOIN rr USING (k)
 LEFT JOIN h USING (k)
 LEFT JOIN u USING (k)
 LEFT JOIN rq USING (k)
-LEFT JOIN sh USING (k)
+LEFT JOIN shm USING (k)
+LEFT JOIN rp USING (k)
 LEFT JOIN _scope_days d ON d.request_id = keys.request_id
 """
 
@@ -852,16 +909,17 @@ SELECT request_id,
        CAST(coalesce(sum(input_log_events), 0) AS BIGINT) AS input_log_events,
        CAST(coalesce(sum(input_trace_records_dropped), 0) AS BIGINT) AS input_trace_records_dropped
 FROM (
-    SELECT request_id, count(*) AS input_transfers,
-           count(*) FILTER (WHERE status = 'ok') AS input_transfers_ok
-    FROM transfers GROUP BY request_id
-    UNION ALL BY NAME
-    SELECT request_id, count(*) AS input_requests, count(transferred_tokens) AS input_requests_with_tokens
-    FROM requests GROUP BY request_id
-    UNION ALL BY NAME
-    SELECT request_id, count(*) AS input_log_events,
+    -- from the rows the scope holds, as _input_counts_of_rows counts them: each request's reads
+    -- grouped once (every read, those naming no request too), one row per request record; one
+    -- grouping of them all (a grouping of the records first cost as much again)
+    SELECT request_id, reads AS input_transfers, reads_ok AS input_transfers_ok, 0 AS input_requests,
+           0 AS input_requests_with_tokens, 0 AS input_log_events, 0 AS input_trace_records_dropped
+    FROM _request_reads
+    UNION ALL
+    SELECT request_id, 0, 0, 1, CAST(transferred_tokens IS NOT NULL AS INTEGER), 0, 0 FROM _request_rows
+    UNION ALL
+    SELECT request_id, 0, 0, 0, 0, count(*),
            sum(TRY_CAST(json_extract(details, '$.records') AS BIGINT)) FILTER (WHERE kind = 'trace_dropped')
-               AS input_trace_records_dropped
     FROM log_events GROUP BY request_id
 ) GROUP BY request_id
 """
@@ -896,7 +954,7 @@ CREATE OR REPLACE TEMP TABLE _scope_days AS
 SELECT request_id, min(day) AS day FROM (
     SELECT request_id, day FROM transfers UNION ALL SELECT request_id, day FROM request_records
     UNION ALL SELECT request_id, day FROM log_events
-) WHERE request_id IN (SELECT request_id FROM _scope_ids) GROUP BY request_id
+) WHERE {in_scope} GROUP BY request_id
 """
 
 # The per-rank medians of the windows new reads fall into, from every read of those windows
@@ -944,6 +1002,9 @@ pairs AS (
     SELECT engine_id, day, sign, unnest(CAST(json_extract_string(remotes, '$[*]') AS VARCHAR[])) FROM r
     WHERE remote_count > 1
     UNION ALL SELECT engine_id, day, sign, CAST(NULL AS VARCHAR) FROM r WHERE null_remote
+),
+record_pairs AS (
+    SELECT engine_id, day, sign, record_remote AS remote FROM r WHERE record_remote IS NOT NULL
 )
 SELECT engine_id, day, counter, CAST(NULL AS VARCHAR) AS key, value
 FROM (UNPIVOT sums ON COLUMNS(* EXCLUDE (engine_id, day)) INTO NAME counter VALUE value)
@@ -952,6 +1013,8 @@ SELECT engine_id, day, 'led', CAST(slowest_rank AS VARCHAR), CAST(sum(sign) AS B
 WHERE has_reads AND slowest_rank IS NOT NULL GROUP BY ALL
 UNION ALL
 SELECT engine_id, day, 'pair', remote, CAST(sum(sign) AS BIGINT) FROM pairs GROUP BY ALL
+UNION ALL
+SELECT engine_id, day, 'record_pair', remote, CAST(sum(sign) AS BIGINT) FROM record_pairs GROUP BY ALL
 UNION ALL
 SELECT engine_id, day, 'expired_named', remote, CAST(sum(sign) AS BIGINT) FROM (
     SELECT engine_id, day, sign,
@@ -994,10 +1057,13 @@ SELECT coalesce(sum(value) FILTER (WHERE counter = 'reads'), 0) AS reads,
 FROM _current_counts
 """
 
-# What _config_pairs reads of the reads, from the state: each request's prefill engines (the
-# pair counts).
+# What _config_pairs reads of the reads and the request records, from the state: each
+# request's prefill engines (the pair counts).
 _TRANSFER_PAIRS = """
 SELECT engine_id, key AS remote_engine_id FROM _current_counts WHERE counter = 'pair' AND value > 0
+"""
+_RECORD_PAIRS = """
+SELECT engine_id, key AS remote_engine_id FROM _current_counts WHERE counter = 'record_pair' AND value > 0
 """
 # What _named_trace_events counts, from the state: failures per decode engine, expiries per
 # prefill engine (the key).

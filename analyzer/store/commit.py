@@ -459,8 +459,17 @@ def partitions(schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]
             if len(combos) > 1:
                 test = pc.is_null(data[column]) if value is None else pc.equal(data[column], value)
                 mask = test if mask is None else pc.and_(mask, test)
-        out.append((directory, data if mask is None else data.filter(mask)))
+        out.append((directory, data if mask is None else _rows_of(data, mask)))
     return out
+
+
+def _rows_of(data: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
+    """The rows of ``data`` where ``mask`` holds: a slice (no copy) when they are one run, as
+    in a table sorted by its partition columns first; else a filtered copy."""
+    where = pc.indices_nonzero(mask)
+    if len(where) and where[-1].as_py() - where[0].as_py() + 1 == len(where):
+        return data.slice(where[0].as_py(), len(where))
+    return data.filter(mask)
 
 
 def _one_partition(data: pa.Table, columns: tuple[str, ...]) -> dict | None:
