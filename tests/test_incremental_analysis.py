@@ -461,59 +461,60 @@ def test_the_native_rules_leave_out_an_engine_once_its_trace_arrives(bundle, tmp
     assert untraced(job.store) == 0
 
 
-def test_an_engine_pair_only_a_request_record_names_counts_as_in_a_full_analysis(bundle, tmp_path):
-    """A failed handshake leaves a request record naming the prefill engine and no read: the
-    pair is compared (config_mismatch's inputs) though no read names it. The merged state
-    knows the pairs the records name from its counts, without reading every record: a run
-    after such a record equals a full analysis, and counts the pair."""
+def _engine_pairs_before_and_after(bundle: Path, root: Path, lines: list[dict]) -> tuple[int, int]:
+    """config_mismatch's inputs (the engine pairs compared) on the whole bundle, then after
+    ``lines`` arrive as a trace part of their own; each step's incremental run equals a full
+    analysis, and the second is incremental."""
 
     def pairs(store: Path) -> int:
         return analyze(Store(store).connect()).summary["rules"]["config_mismatch"]["inputs"]
 
-    job = Growing(bundle, tmp_path)
+    job = Growing(bundle, root)
     job.add("models")
     job.grow(1.0, 1.0)
     job.ingest()
     _check(job.store)
     before = pairs(job.store)
-    record = {
-        "type": "request", "v": 1, "ts": json.loads(job.trace[-1])["ts"] + 1.0,
-        "request_id": "cmpl-record-only-0", "remote_request_id": "cmpl-record-only-p",
-        "engine_id": "decode-0", "remote_engine_id": "prefill-7", "prompt_tokens": 100, "cached_tokens": 0,
-        "missing_tokens": 100, "status": "failed",
-    }  # fmt: skip
-    (job.input / "decode-0" / "trace.part-1.jsonl").write_text(json.dumps(record) + "\n")
+    (job.input / "decode-0" / "trace.part-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     job.ingest()
     assert not _check(job.store)["full_run"]
-    assert pairs(job.store) == before + 1
+    return before, pairs(job.store)
+
+
+def _failed_record(bundle: Path, request_id: str, remote_engine_id: str) -> dict:
+    """A request record naming ``remote_engine_id`` that failed, after the bundle's last line."""
+    last = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()[-1]
+    return {
+        "type": "request", "v": 1, "ts": json.loads(last)["ts"] + 3.0, "request_id": request_id,
+        "remote_request_id": f"{request_id}-p", "engine_id": "decode-0", "remote_engine_id": remote_engine_id,
+        "prompt_tokens": 100, "cached_tokens": 0, "missing_tokens": 100, "status": "failed",
+    }  # fmt: skip
+
+
+def test_an_engine_pair_only_a_request_record_names_counts_as_in_a_full_analysis(bundle, tmp_path):
+    """A failed handshake leaves a request record naming the prefill engine and no read: the
+    pair is compared (config_mismatch's inputs) though no read names it. The merged state
+    knows the pairs the records name from its counts, without reading every record: a run
+    after such a record equals a full analysis, and counts the pair."""
+    before, after = _engine_pairs_before_and_after(
+        bundle, tmp_path, [_failed_record(bundle, "cmpl-record-only-0", "prefill-7")]
+    )
+    assert after == before + 1
 
 
 def test_a_request_read_from_several_prefill_engines_counts_each_pair_as_a_full_analysis(bundle, tmp_path):
     """A request whose reads name two prefill engines, and whose record names a third, is
     listed with each (the few such requests are listed apart from the others): a run after it
     equals a full analysis, and counts each new pair."""
-
-    def pairs(store: Path) -> int:
-        return analyze(Store(store).connect()).summary["rules"]["config_mismatch"]["inputs"]
-
-    job = Growing(bundle, tmp_path)
-    job.add("models")
-    job.grow(1.0, 1.0)
-    job.ingest()
-    _check(job.store)
-    before = pairs(job.store)
-    ts = json.loads(job.trace[-1])["ts"] + 1.0
-    read = next(json.loads(line) for line in job.trace if json.loads(line).get("type") == "transfer")
-    lines = []
-    for n, (rank, remote) in enumerate([(0, "prefill-7"), (1, "prefill-8")]):
-        lines.append({**read, "ts": ts + n, "request_id": "cmpl-several-0", "rank": rank,
-                      "remote_engine_id": remote, "status": "ok"})  # fmt: skip
-    lines.append({
-        "type": "request", "v": 1, "ts": ts + 2, "request_id": "cmpl-several-0",
-        "remote_request_id": "cmpl-several-p", "engine_id": "decode-0", "remote_engine_id": "prefill-9",
-        "prompt_tokens": 100, "cached_tokens": 0, "missing_tokens": 100, "status": "failed",
-    })  # fmt: skip
-    (job.input / "decode-0" / "trace.part-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    job.ingest()
-    assert not _check(job.store)["full_run"]
-    assert pairs(job.store) == before + 3
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()
+    read = next(json.loads(line) for line in trace if json.loads(line).get("type") == "transfer")
+    ts = json.loads(trace[-1])["ts"] + 1.0
+    lines = [
+        {**read, "ts": ts + n, "request_id": "cmpl-several-0", "rank": rank, "remote_engine_id": remote,
+         "status": "ok"}
+        for n, (rank, remote) in enumerate([(0, "prefill-7"), (1, "prefill-8")])
+    ]  # fmt: skip
+    before, after = _engine_pairs_before_and_after(
+        bundle, tmp_path, [*lines, _failed_record(bundle, "cmpl-several-0", "prefill-9")]
+    )
+    assert after == before + 3
