@@ -163,10 +163,17 @@ def _listed(ids: list[str], table: str, column: str = "request_id", limit: int =
 
 def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
     """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL (``_listed``)."""
+    return _in_scope_and_count(con, column, limit, ids)[0]
+
+
+def _in_scope_and_count(
+    con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids"
+) -> tuple[str, int]:
+    """``_in_scope``, and how many ids it read (at most ``limit`` + 1: more than ``limit``)."""
     found = [i for (i,) in con.execute(f"SELECT request_id FROM {ids} LIMIT {limit + 1}").fetchall()]
     if not found:
-        return "false"  # no id in scope (nothing new): no join of every row with an empty list
-    return f"{column} IN {_listed(found, ids, limit=limit)}"
+        return "false", 0  # no id in scope (nothing new): no join of every row with an empty list
+    return f"{column} IN {_listed(found, ids, limit=limit)}", len(found)
 
 
 # The tables whose rows naming no request share row groups with the rows naming one (a log's
@@ -192,8 +199,8 @@ def cut_to_requests(
     """
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
-    scoped = _in_scope(con, "request_id", ids=ids)
-    few = _scalar(con, f"SELECT count(*) <= {_FEW_IDS} FROM {ids}")
+    scoped, count = _in_scope_and_count(con, "request_id", ids=ids)
+    few = count <= _FEW_IDS
     for name in names:
         if few and name in _NAMELESS_ALONGSIDE:
             # one scan with OR: its rows naming no request sit in the row groups of those
