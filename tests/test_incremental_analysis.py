@@ -518,3 +518,60 @@ def test_a_request_read_from_several_prefill_engines_counts_each_pair_as_a_full_
         bundle, tmp_path, [*lines, _failed_record(bundle, "cmpl-several-0", "prefill-9")]
     )
     assert after == before + 3
+
+
+def test_ids_no_earlier_run_saw_are_read_from_the_new_rows_alone(bundle, tmp_path):
+    """A new trace part with a request the store never held and one more read of a request it
+    holds: the new request's rows are taken from the new batch alone (``_scope_fresh``), the
+    old one's from every batch (``_scope_markers``): the run equals a full analysis, which it
+    would not if the old request's earlier reads were left out."""
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(1.0, 1.0)
+    job.ingest()
+    _check(job.store)
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()
+    read = next(json.loads(line) for line in trace if json.loads(line).get("type") == "transfer")
+    ts = json.loads(trace[-1])["ts"] + 1.0
+    lines = [
+        {**read, "ts": ts, "rank": 7, "status": "ok"},  # the old request's reads grow by one
+        {**read, "ts": ts + 1.0, "request_id": "cmpl-fresh-0", "status": "ok"},
+        _failed_record(bundle, "cmpl-fresh-1", "prefill-0"),
+    ]
+    (job.input / "decode-0" / "trace.part-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    job.ingest()
+    con = Store(job.store).connect()
+    incremental = analyze(con, incremental=True)
+    assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
+    assert not _last_run(job.store)["full_run"]
+    fresh = {i for (i,) in con.sql("SELECT request_id FROM _scope_fresh").fetchall()}
+    known = {i for (i,) in con.sql("SELECT request_id FROM _scope_markers").fetchall()}
+    assert {"cmpl-fresh-0", "cmpl-fresh-1", "cmpl-fresh-1-p"} <= fresh
+    assert read["request_id"] in known and not fresh & known
+
+
+def test_a_record_sharing_a_prefill_id_with_one_a_full_run_analysed_brings_that_one(bundle, tmp_path):
+    """A full run marks the prefill ids the request records name, as an incremental run marks
+    those of its new records: a new request record naming the prefill id of one the full run
+    analysed finds that one's record (``kv_expired`` matches them), although no earlier run
+    had the prefill id as a request of its own. Left unmarked, the prefill id would read as
+    fresh and its records would be looked up among the new rows alone."""
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(1.0, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True, full=True)
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in trace if json.loads(x).get("type") == "request"]
+    record = next(r for r in records if r.get("remote_request_id"))
+    ts = json.loads(trace[-1])["ts"] + 1.0
+    shared = {**record, "ts": ts, "request_id": "cmpl-shares-prefill-0", "status": "expired"}
+    (job.input / "decode-0" / "trace.part-1.jsonl").write_text(json.dumps(shared) + "\n")
+    job.ingest()
+    con = Store(job.store).connect()
+    incremental = analyze(con, incremental=True)
+    assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
+    assert not _last_run(job.store)["full_run"]
+    scope = {i for (i,) in con.sql("SELECT request_id FROM _scope_ids").fetchall()}
+    known = {i for (i,) in con.sql("SELECT request_id FROM _scope_markers").fetchall()}
+    assert record["request_id"] in scope and record["remote_request_id"] in known
