@@ -50,6 +50,7 @@ from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
 from hybridtrace.store.commit import Store, new_batch_id
+from hybridtrace.store.raw_views import LATEST_RECORD
 
 __all__ = [
     "CURRENT_FINDINGS",
@@ -162,17 +163,20 @@ def _listed(ids: list[str], table: str, column: str = "request_id", limit: int =
     return "(" + (", ".join("'" + i.replace("'", "''") + "'" for i in ids) or "NULL") + ")"
 
 
-def _records_naming(column: str, known: list[str], fresh: list[str], is_new: str) -> str:
+def _records_naming(column: str, known: list[str], fresh: list[str]) -> str:
     """The request ids and prefill ids of the request records whose ``column`` is one of
-    ``known`` or ``fresh`` (ids no analysed record names: their records among the new rows,
-    ``is_new`` or without a source, alone: the other files are skipped unread)."""
-    ids = "SELECT unnest([request_id, remote_request_id]) AS id FROM request_records"
-    # one scan per filter, not one scan with OR: each filter then reaches the Parquet reader
-    found = [f"{ids} WHERE {column} IN {_listed(known, '_scope_markers')}"] if known else []
+    ``known`` or ``fresh`` (ids no analysed record names: their records are among the new
+    ones, ``_new_request_records``, and the store's files are not read for them)."""
+    ids = "SELECT unnest([request_id, remote_request_id]) AS id FROM"
+    found = [f"{ids} request_records WHERE {column} IN {_listed(known, '_scope_markers')}"] if known else []
     if fresh:
-        in_fresh = f"{column} IN {_listed(fresh, '_scope_fresh')}"
-        found += [f"{ids} WHERE {in_fresh} AND {is_new}", f"{ids} WHERE {in_fresh} AND source_id IS NULL"]
-    return " UNION ALL ".join(found)
+        found.append(f"{ids} _new_request_records WHERE {column} IN {_listed(fresh, '_scope_fresh')}")
+    return " UNION ALL ".join(found) or "SELECT NULL AS id"
+
+
+# The tables whose new rows an incremental run holds (``_new_<name>``), each read as the
+# analysis reads it: the raw request records (``requests`` keeps the latest of each, below).
+_NEW_ROWS = ("transfers", "request_records", "log_events")
 
 
 def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
@@ -204,7 +208,7 @@ def cut_to_requests(
     ids: str = "_scope_ids",
     names: tuple[str, ...] = ("transfers", "requests", "log_events"),
     *,
-    fresh: tuple[str, str] | None = None,
+    fresh: tuple[str, dict[str, str]] | None = None,
 ) -> Iterator[None]:
     """``names`` (tables with a ``request_id``) cut to the request ids of the table ``ids``.
 
@@ -213,10 +217,10 @@ def cut_to_requests(
     What is computed of one request reads only its own rows of these tables, so a view over
     them gives, for those requests, the rows it gives over the whole store.
 
-    ``fresh`` is (a table of request ids that no row of an analysed batch names, a filter
-    that picks the new batches' rows): every row of those ids is a new one, so they are read
-    from the new batches' files alone (the others are skipped by their ``source_id``
-    statistics), not looked up in every file of the store; ``ids`` then holds the others.
+    ``fresh`` is (a table of request ids that no row of an analysed batch names, for each of
+    ``names`` a relation of the new batches' rows as that view gives them): every row of those
+    ids is a new one, so they are taken from those rows, not looked up in every file of the
+    store; ``ids`` then holds the others.
     """
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
@@ -229,11 +233,7 @@ def cut_to_requests(
     def fresh_rows(name: str) -> str:
         if not fresh_count or fresh is None:
             return ""
-        # the new rows as _incremental_scope reads them: those of new reads, those of none
-        return (
-            f" UNION ALL SELECT * FROM {name} WHERE {in_fresh} AND {fresh[1]}"
-            f" UNION ALL SELECT * FROM {name} WHERE {in_fresh} AND source_id IS NULL"
-        )
+        return f" UNION ALL BY NAME SELECT * FROM {fresh[1][name]} WHERE {in_fresh}"
 
     for name in names:
         if few and name in _NAMELESS_ALONGSIDE:
@@ -286,8 +286,9 @@ class IncrementalRun:
     # the analysis materializes (``materialized``'s sources): computed into their tables
     # straight away, not swapped in as views first (a view is bound when it is made)
     merged_sources: dict[str, str] = field(default_factory=dict)
-    # an incremental run's filter of the rows of its new batches (``_incremental_scope``)
-    new_rows: str = ""
+    # an incremental run's scope split into ids earlier runs saw and the others (``_known_ids``),
+    # the new rows kept (``_new_<table>``)
+    split: bool = False
     # the newest full run's seq (0: none, or this run is one)
     full_seq: int = 0
 
@@ -363,7 +364,6 @@ class IncrementalRun:
         found = con.execute("SELECT source_id FROM _new_sources").fetchall()
         new_ids = [i for (i,) in found if i is not None]
         is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
-        self.new_rows = is_new
 
         def new(table: str, columns: str) -> str:
             # a row without a source is new too; two scans, not one filter with OR: a list
@@ -377,12 +377,11 @@ class IncrementalRun:
         con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
         if changed:
             con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _new_transfers AS
-            SELECT * FROM {new("transfers", "engine_id, request_id, remote_request_id, ts")}
-            """
-        )
+        # the new rows, whole: the scope's ids come from them, and the rows of the ids among
+        # them that no earlier run saw are all here (_known_ids: the closure and the cut read
+        # them from these instead of the store's files)
+        for name in _NEW_ROWS:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _new_{name} AS SELECT * FROM {new(name, '*')}")
         engines = "(SELECT engine_id FROM _changed_engines)"
         of_changed = f"""
                 UNION ALL SELECT request_id FROM transfers
@@ -399,9 +398,8 @@ class IncrementalRun:
             SELECT DISTINCT request_id FROM (
                 SELECT request_id FROM _new_transfers
                 UNION ALL SELECT remote_request_id FROM _new_transfers
-                UNION ALL SELECT unnest([request_id, remote_request_id])
-                    FROM {new("request_records", "request_id, remote_request_id")}
-                UNION ALL SELECT request_id FROM {new("log_events", "request_id")}
+                UNION ALL SELECT unnest([request_id, remote_request_id]) FROM _new_request_records
+                UNION ALL SELECT request_id FROM _new_log_events
                 {of_changed if changed else ""}
             ) WHERE request_id IS NOT NULL
             """
@@ -409,6 +407,7 @@ class IncrementalRun:
         # which of them an earlier run had in scope: the records of the others are new ones
         self.full_seq = _scalar(con, _LAST_FULL_RUN)
         self._known_ids("_scope_ids")
+        self.split = True
         known = [i for (i,) in con.execute("SELECT request_id FROM _scope_markers").fetchall()]
         fresh = [i for (i,) in con.execute("SELECT request_id FROM _scope_fresh").fetchall()]
         # requests that share a prefill id see each other's records (kv_expired): one in
@@ -418,8 +417,7 @@ class IncrementalRun:
             if not known and not fresh:
                 break
             named = " UNION ALL ".join(
-                _records_naming(column, known, fresh, is_new)
-                for column in ("request_id", "remote_request_id")
+                _records_naming(column, known, fresh) for column in ("request_id", "remote_request_id")
             )
             added = con.execute(
                 f"""
@@ -464,7 +462,7 @@ class IncrementalRun:
         if scope is None and self.unchanged():
             self.reuse_scope()
         elif scope is None:
-            self.compute_scope(fresh=not self.full and bool(self.new_rows))
+            self.compute_scope(fresh=not self.full and self.split)
         else:
             scope(self)
         self.merge(full_seq)
@@ -674,9 +672,14 @@ class IncrementalRun:
         with ExitStack() as stack:
             cutting = (not self.full) if cut is None else cut
             if cutting and fresh:
-                stack.enter_context(
-                    cut_to_requests(con, "_scope_markers", fresh=("_scope_fresh", self.new_rows))
-                )
+                # the new rows as the views give them: ``requests`` keeps the latest record of
+                # each request, and every record of a fresh id is among the new ones
+                new_rows = {
+                    "transfers": "_new_transfers",
+                    "requests": f"(SELECT * FROM _new_request_records{LATEST_RECORD})",
+                    "log_events": "_new_log_events",
+                }
+                stack.enter_context(cut_to_requests(con, "_scope_markers", fresh=("_scope_fresh", new_rows)))
             elif cutting:
                 stack.enter_context(cut_to_requests(con))
             stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS, HELD_SOURCES))
