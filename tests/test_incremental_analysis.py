@@ -551,11 +551,11 @@ def test_ids_no_earlier_run_saw_are_read_from_the_new_rows_alone(bundle, tmp_pat
 
 
 def test_a_record_sharing_a_prefill_id_with_one_a_full_run_analysed_brings_that_one(bundle, tmp_path):
-    """A full run marks the prefill ids the request records name, as an incremental run marks
-    those of its new records: a new request record naming the prefill id of one the full run
-    analysed finds that one's record (``kv_expired`` matches them), although no earlier run
-    had the prefill id as a request of its own. Left unmarked, the prefill id would read as
-    fresh and its records would be looked up among the new rows alone."""
+    """A full run's scope holds the request ids of the store, not the prefill ids its records
+    name: a new request record naming the prefill id of one the full run analysed finds that
+    one's record (``kv_expired`` matches them) although no earlier run had the prefill id in
+    scope. Its records' prefill ids are looked up in every file, not only among the new rows,
+    where a fresh id's own records are."""
     job = Growing(bundle, tmp_path)
     job.add("models")
     job.grow(1.0, 1.0)
@@ -573,5 +573,5 @@ def test_a_record_sharing_a_prefill_id_with_one_a_full_run_analysed_brings_that_
     assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
     assert not _last_run(job.store)["full_run"]
     scope = {i for (i,) in con.sql("SELECT request_id FROM _scope_ids").fetchall()}
-    known = {i for (i,) in con.sql("SELECT request_id FROM _scope_markers").fetchall()}
-    assert record["request_id"] in scope and record["remote_request_id"] in known
+    fresh = {i for (i,) in con.sql("SELECT request_id FROM _scope_fresh").fetchall()}
+    assert record["request_id"] in scope and record["remote_request_id"] in fresh

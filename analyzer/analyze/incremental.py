@@ -75,9 +75,8 @@ CURRENT_FINDING_COUNTS = "_current_finding_counts"
 RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
-# full rather than read columns that layout lacked as nulls, or trust markers it did not
-# write (9: a full run marks the prefill ids the request records name, _known_ids).
-STATE_VERSION = 9
+# full rather than read columns that layout lacked as nulls.
+STATE_VERSION = 8
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -165,10 +164,14 @@ def _listed(ids: list[str], table: str, column: str = "request_id", limit: int =
 
 def _records_naming(column: str, known: list[str], fresh: list[str]) -> str:
     """The request ids and prefill ids of the request records whose ``column`` is one of
-    ``known`` or ``fresh`` (ids no analysed record names: their records are among the new
-    ones, ``_new_request_records``, and the store's files are not read for them)."""
+    ``known`` or ``fresh`` (``_known_ids``). A fresh id's own records (``request_id``) are
+    among the new ones, ``_new_request_records``, and the store's files are not read for
+    them; a record of an analysed batch may name it as its prefill id, so those are looked up
+    in every file."""
     ids = "SELECT unnest([request_id, remote_request_id]) AS id FROM"
-    found = [f"{ids} request_records WHERE {column} IN {_listed(known, '_scope_markers')}"] if known else []
+    if column != "request_id":
+        known, fresh = known + fresh, []
+    found = [f"{ids} request_records WHERE {column} IN {_listed(known, '_scope_ids')}"] if known else []
     if fresh:
         found.append(f"{ids} _new_request_records WHERE {column} IN {_listed(fresh, '_scope_fresh')}")
     return " UNION ALL ".join(found) or "SELECT NULL AS id"
@@ -331,13 +334,9 @@ class IncrementalRun:
         if self.full:
             self.reason = self.reason or "--full"
             self.full_seq = 0
-            # every request id, and every prefill id a record names (as an incremental run's
-            # scope holds those of its new records): an id left out would read as one that no
-            # analysed record names (_known_ids)
             con.execute(
                 "CREATE OR REPLACE TEMP TABLE _scope_ids AS SELECT DISTINCT request_id FROM ("
-                "SELECT request_id FROM transfers "
-                "UNION ALL SELECT unnest([request_id, remote_request_id]) FROM request_records "
+                "SELECT request_id FROM transfers UNION ALL SELECT request_id FROM request_records "
                 "UNION ALL SELECT request_id FROM log_events) WHERE request_id IS NOT NULL"
             )
             con.execute(
@@ -489,11 +488,11 @@ class IncrementalRun:
         marker of a run after that full one (null when none); the others to ``_scope_fresh``.
 
         A run's scope holds every request id its new batches' rows name, and a full run's every
-        request id of the store and every prefill id a request record names: an id no such run
-        had in scope has no row in an analysed batch, and no analysed request record names it.
-        Its rows are all new (the closure and ``cut_to_requests`` read them from the new
-        batches' files alone), and no rollup or finding of it is stored (``_counts`` looks up
-        none)."""
+        request id of the store: an id no such run had in scope is the request id of no row in
+        an analysed batch. Its rows are all new (the closure and ``cut_to_requests`` take them
+        from the new rows the run keeps), and no rollup or finding of it is stored (``_counts``
+        looks up none). An analysed record may still name it as its prefill id: a full run's
+        scope holds no prefill id that is not a request id of its own."""
         con, full_seq = self.con, self.full_seq
         found = (
             f"SELECT request_id, max(seq) FILTER (WHERE seq > {full_seq}) AS marker_seq "
