@@ -72,9 +72,10 @@ def main() -> None:
     root = Path(args.dir)
     store = root / f"store-{args.requests}"
     if not (args.keep and (store / "sources").exists()):
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
         bundle = root / "bundle"
+        for stale in (store, bundle):  # the stores of other runs in the folder stay
+            shutil.rmtree(stale, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
         setup = (
             "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
             "from hybridtrace.ingest.run import ingest\n"
@@ -152,11 +153,13 @@ def held_back_store(root: Path, requests: int, new_requests: int, keep: bool) ->
     """A store of ``requests`` at TP 4 without the last ``new_requests`` of the decode trace,
     and those as one new object (a trace part of their own); with ``keep``, those of an
     earlier run are reused. Returns (store, the new object's file)."""
-    store = root / f"store-incremental-{requests}"
-    new_object = root / f"new-{requests}" / "decode-0" / "trace.part-new.jsonl"
+    # named by both counts: a kept store is one with the same requests held back
+    store = root / f"store-incremental-{requests}-{new_requests}"
+    new_object = root / f"new-{requests}-{new_requests}" / "decode-0" / "trace.part-new.jsonl"
     if not (keep and (store / "sources").exists() and new_object.exists()):
-        shutil.rmtree(root, ignore_errors=True)
         bundle = root / "bundle"
+        for stale in (store, new_object.parent.parent, bundle):
+            shutil.rmtree(stale, ignore_errors=True)
         setup = (
             "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
             f"simulate(SimOptions(requests={requests}, prefill_tp=(4,), decode_tp=(4,),"

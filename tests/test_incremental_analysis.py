@@ -518,3 +518,57 @@ def test_a_request_read_from_several_prefill_engines_counts_each_pair_as_a_full_
         bundle, tmp_path, [*lines, _failed_record(bundle, "cmpl-several-0", "prefill-9")]
     )
     assert after == before + 3
+
+
+def _incremental_after_a_part(bundle: Path, root: Path, lines: list[dict]):
+    """The whole bundle analysed in full (the state), then ``lines`` as a trace part of their
+    own: the connection of the incremental run after it, which equals a full analysis."""
+    job = Growing(bundle, root)
+    job.add("models")
+    job.grow(1.0, 1.0)
+    job.ingest()
+    analyze(Store(job.store).connect(), incremental=True, full=True)
+    (job.input / "decode-0" / "trace.part-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    job.ingest()
+    con = Store(job.store).connect()
+    assert _as_text(analyze(con, incremental=True)) == _as_text(analyze(Store(job.store).connect()))
+    assert not _last_run(job.store)["full_run"]
+    return con
+
+
+def _ids(con, table: str) -> set[str]:
+    return {i for (i,) in con.sql(f"SELECT request_id FROM {table}").fetchall()}
+
+
+def test_ids_no_earlier_run_saw_are_read_from_the_new_rows_alone(bundle, tmp_path):
+    """A new trace part with a request the store never held and one more read of a request it
+    holds: the new request's rows are taken from the new batch alone (``_scope_fresh``), the
+    old one's from every batch (``_scope_markers``): the run equals a full analysis, which it
+    would not if the old request's earlier reads were left out."""
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()
+    read = next(json.loads(line) for line in trace if json.loads(line).get("type") == "transfer")
+    ts = json.loads(trace[-1])["ts"] + 1.0
+    con = _incremental_after_a_part(bundle, tmp_path, [
+        {**read, "ts": ts, "rank": 7, "status": "ok"},  # the old request's reads grow by one
+        {**read, "ts": ts + 1.0, "request_id": "cmpl-fresh-0", "status": "ok"},
+        _failed_record(bundle, "cmpl-fresh-1", "prefill-0"),
+    ])  # fmt: skip
+    fresh, known = _ids(con, "_scope_fresh"), _ids(con, "_scope_markers")
+    assert {"cmpl-fresh-0", "cmpl-fresh-1", "cmpl-fresh-1-p"} <= fresh
+    assert read["request_id"] in known and not fresh & known
+
+
+def test_a_record_sharing_a_prefill_id_with_one_a_full_run_analysed_brings_that_one(bundle, tmp_path):
+    """A full run's scope holds the request ids of the store, not the prefill ids its records
+    name: a new request record naming the prefill id of one the full run analysed finds that
+    one's record (``kv_expired`` matches them) although no earlier run had the prefill id in
+    scope. Its records' prefill ids are looked up in every file, not only among the new rows,
+    where a fresh id's own records are."""
+    trace = (bundle / "decode-0" / "trace.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in trace if json.loads(x).get("type") == "request"]
+    record = next(r for r in records if r.get("remote_request_id"))
+    ts = json.loads(trace[-1])["ts"] + 1.0
+    shared = {**record, "ts": ts, "request_id": "cmpl-shares-prefill-0", "status": "expired"}
+    con = _incremental_after_a_part(bundle, tmp_path, [shared])
+    assert record["request_id"] in _ids(con, "_scope_ids")
+    assert record["remote_request_id"] in _ids(con, "_scope_fresh")

@@ -9,7 +9,10 @@ log's engine named later: ``_ENGINE_DIGESTS``). That set is closed over the requ
 share a prefill request id (``kv_expired`` matches prefill ids across engines). The
 request-scope rules then run on ``transfers``, ``requests`` and ``log_events`` cut down to
 those ids (log events that name no request are always kept: ``_peak_prefill_rate`` reads
-them), and their findings and rollups replace the stored ones of the same ids. The slow-rank
+them), and their findings and rollups replace the stored ones of the same ids. An id no
+earlier run had in scope has all its rows among the new ones, which the run keeps whole: its
+rows and records are read from those, not looked up in every file of the store
+(``_known_ids``; the records naming it as their prefill id still are). The slow-rank
 windows (engine, window) that new reads fall into are recomputed from all reads of those
 windows. Other thresholds than the state's, or ``analyze --full``, recompute everything.
 
@@ -50,6 +53,7 @@ from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
 from hybridtrace.store.commit import Store, new_batch_id
+from hybridtrace.store.raw_views import LATEST_RECORD
 
 __all__ = [
     "CURRENT_FINDINGS",
@@ -161,6 +165,26 @@ def _listed(ids: list[str], table: str, column: str = "request_id", limit: int =
     return "(" + (", ".join("'" + i.replace("'", "''") + "'" for i in ids) or "NULL") + ")"
 
 
+def _records_naming(column: str, known: list[str], fresh: list[str]) -> str:
+    """The request ids and prefill ids of the request records whose ``column`` is one of
+    ``known`` or ``fresh`` (``_known_ids``). A fresh id's own records (``request_id``) are
+    among the new ones, ``_new_request_records``, and the store's files are not read for
+    them; a record of an analysed batch may name it as its prefill id, so those are looked up
+    in every file."""
+    ids = "SELECT unnest([request_id, remote_request_id]) AS id FROM"
+    if column != "request_id":
+        known, fresh = known + fresh, []
+    found = [f"{ids} request_records WHERE {column} IN {_listed(known, '_scope_ids')}"] if known else []
+    if fresh:
+        found.append(f"{ids} _new_request_records WHERE {column} IN {_listed(fresh, '_scope_fresh')}")
+    return " UNION ALL ".join(found) or "SELECT NULL AS id"
+
+
+# The tables whose new rows an incremental run holds (``_new_<name>``), each read as the
+# analysis reads it: the raw request records (``requests`` keeps the latest of each, below).
+_NEW_ROWS = ("transfers", "request_records", "log_events")
+
+
 def _in_scope(con: duckdb.DuckDBPyConnection, column: str, limit: int = 2000, ids: str = "_scope_ids") -> str:
     """``column IN`` the ids of ``ids`` (a table of ``request_id``), as SQL (``_listed``)."""
     return _in_scope_and_count(con, column, limit, ids)[0]
@@ -189,6 +213,8 @@ def cut_to_requests(
     con: duckdb.DuckDBPyConnection,
     ids: str = "_scope_ids",
     names: tuple[str, ...] = ("transfers", "requests", "log_events"),
+    *,
+    fresh: tuple[str, dict[str, str]] | None = None,
 ) -> Iterator[None]:
     """``names`` (tables with a ``request_id``) cut to the request ids of the table ``ids``.
 
@@ -196,25 +222,42 @@ def cut_to_requests(
     reads the log's stats lines, a log event naming no request is a finding of its own).
     What is computed of one request reads only its own rows of these tables, so a view over
     them gives, for those requests, the rows it gives over the whole store.
+
+    ``fresh`` is (a table of request ids that no row of an analysed batch names, for each of
+    ``names`` a relation of the new batches' rows as that view gives them): every row of those
+    ids is a new one, so they are taken from those rows, not looked up in every file of the
+    store; ``ids`` then holds the others.
     """
     # each cut once into a table: the rules read transfers a dozen times, and each read of
     # the view would scan every request id of the store again
     scoped, count = _in_scope_and_count(con, "request_id", ids=ids)
     few = count <= _FEW_IDS
+    in_fresh, fresh_count = (
+        _in_scope_and_count(con, "request_id", ids=fresh[0]) if fresh is not None else ("false", 0)
+    )
+
+    def fresh_rows(name: str) -> str:
+        if not fresh_count or fresh is None:
+            return ""
+        return f" UNION ALL BY NAME SELECT * FROM {fresh[1][name]} WHERE {in_fresh}"
+
     for name in names:
         if few and name in _NAMELESS_ALONGSIDE:
             # one scan with OR: its rows naming no request sit in the row groups of those
             # naming one, which two scans would each read whole (measured: 35 ms against 23
             # on the log events of a million requests); a short list only (below)
             where = f"{scoped} OR request_id IS NULL"
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE {where}")
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE {where}"
+                + fresh_rows(name)
+            )
             continue
         # two scans, not one filter with OR: a list under an OR is compared item by item on
         # every row (a thousand ids made a cut of a million requests' reads take seconds);
         # the list alone, and IS NULL alone, reach the Parquet reader
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE _cut_{name} AS SELECT * FROM {name} WHERE {scoped} "
-            f"UNION ALL SELECT * FROM {name} WHERE request_id IS NULL"
+            f"UNION ALL SELECT * FROM {name} WHERE request_id IS NULL" + fresh_rows(name)
         )
     try:
         with swapped_views(con, {name: f"SELECT * FROM _cut_{name}" for name in names}):
@@ -249,6 +292,11 @@ class IncrementalRun:
     # the analysis materializes (``materialized``'s sources): computed into their tables
     # straight away, not swapped in as views first (a view is bound when it is made)
     merged_sources: dict[str, str] = field(default_factory=dict)
+    # an incremental run's scope split into ids earlier runs saw and the others (``_known_ids``),
+    # the new rows kept (``_new_<table>``)
+    split: bool = False
+    # the newest full run's seq (0: none, or this run is one)
+    full_seq: int = 0
 
     # --- what is new -------------------------------------------------------------------
 
@@ -288,6 +336,7 @@ class IncrementalRun:
                 self.full, self.reason = True, "thresholds changed"
         if self.full:
             self.reason = self.reason or "--full"
+            self.full_seq = 0
             con.execute(
                 "CREATE OR REPLACE TEMP TABLE _scope_ids AS SELECT DISTINCT request_id FROM ("
                 "SELECT request_id FROM transfers UNION ALL SELECT request_id FROM request_records "
@@ -330,12 +379,11 @@ class IncrementalRun:
         con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
         if changed:
             con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE _new_transfers AS
-            SELECT * FROM {new("transfers", "engine_id, request_id, remote_request_id, ts")}
-            """
-        )
+        # the new rows, whole: the scope's ids come from them, and the rows of the ids among
+        # them that no earlier run saw are all here (_known_ids: the closure and the cut read
+        # them from these instead of the store's files)
+        for name in _NEW_ROWS:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _new_{name} AS SELECT * FROM {new(name, '*')}")
         engines = "(SELECT engine_id FROM _changed_engines)"
         of_changed = f"""
                 UNION ALL SELECT request_id FROM transfers
@@ -352,36 +400,47 @@ class IncrementalRun:
             SELECT DISTINCT request_id FROM (
                 SELECT request_id FROM _new_transfers
                 UNION ALL SELECT remote_request_id FROM _new_transfers
-                UNION ALL SELECT unnest([request_id, remote_request_id])
-                    FROM {new("request_records", "request_id, remote_request_id")}
-                UNION ALL SELECT request_id FROM {new("log_events", "request_id")}
+                UNION ALL SELECT unnest([request_id, remote_request_id]) FROM _new_request_records
+                UNION ALL SELECT request_id FROM _new_log_events
                 {of_changed if changed else ""}
             ) WHERE request_id IS NOT NULL
             """
         )
+        # which of them an earlier run had in scope: the records of the others are new ones
+        self.full_seq = _scalar(con, _LAST_FULL_RUN)
+        self._known_ids("_scope_ids")
+        self.split = True
+        known = [i for (i,) in con.execute("SELECT request_id FROM _scope_markers").fetchall()]
+        fresh = [i for (i,) in con.execute("SELECT request_id FROM _scope_fresh").fetchall()]
         # requests that share a prefill id see each other's records (kv_expired): one in
         # scope brings the others
         # each round looks up the ids the last one added (the others' records were read already)
-        frontier = [i for (i,) in con.execute("SELECT request_id FROM _scope_ids").fetchall()]
         for _ in range(_CLOSURE_ROUNDS):
-            if not frontier:
+            if not known and not fresh:
                 break
-            listed = _listed(frontier, "_scope_ids")
+            named = " UNION ALL ".join(
+                _records_naming(column, known, fresh) for column in ("request_id", "remote_request_id")
+            )
             added = con.execute(
                 f"""
                 INSERT INTO _scope_ids
-                SELECT DISTINCT id FROM (
-                    -- two scans, not one with OR: each filter then reaches the Parquet reader
-                    SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
-                    WHERE request_id IN {listed}
-                    UNION ALL
-                    SELECT unnest([request_id, remote_request_id]) AS id FROM request_records
-                    WHERE remote_request_id IN {listed}
-                ) WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
+                SELECT DISTINCT id FROM ({named})
+                WHERE id IS NOT NULL AND id NOT IN (SELECT request_id FROM _scope_ids)
                 RETURNING request_id
                 """
             ).fetchall()
+            # the ids added come from records of analysed batches, or new ones: looked up too
             frontier = [i for (i,) in added]
+            if not frontier:
+                break
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _scope_added AS SELECT unnest(?::VARCHAR[]) AS request_id",
+                [frontier],
+            )
+            self._known_ids("_scope_added")
+            added_of = "SELECT request_id FROM {} SEMI JOIN _scope_added USING (request_id)"
+            known = [i for (i,) in con.execute(added_of.format("_scope_markers")).fetchall()]
+            fresh = [i for (i,) in con.execute(added_of.format("_scope_fresh")).fetchall()]
         else:
             self.full, self.reason = True, "requests chained through prefill ids beyond the closure rounds"
             self.plan()
@@ -401,17 +460,13 @@ class IncrementalRun:
         same four tables on this connection.
         """
         con = self.con
+        full_seq = 0 if self.full else self.full_seq
         if scope is None and self.unchanged():
             self.reuse_scope()
         elif scope is None:
-            self.compute_scope()
+            self.compute_scope(fresh=not self.full and self.split)
         else:
             scope(self)
-        full_seq = (
-            0
-            if self.full
-            else _scalar(con, _LAST_FULL_RUN)
-        )
         self.merge(full_seq)
         self._counts(full_seq)
         window_keep = (
@@ -429,6 +484,31 @@ class IncrementalRun:
             UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
             """
         )
+
+    def _known_ids(self, ids: str) -> None:
+        """Of the request ids of the table ``ids`` (the scope, or ids added to it), those a run
+        since the last full one had in scope go to ``_scope_markers``, each with the newest
+        marker of a run after that full one (null when none); the others to ``_scope_fresh``.
+
+        A run's scope holds every request id its new batches' rows name, and a full run's every
+        request id of the store: an id no such run had in scope is the request id of no row in
+        an analysed batch. Its rows are all new (the closure and ``cut_to_requests`` take them
+        from the new rows the run keeps), and no rollup or finding of it is stored (``_counts``
+        looks up none). An analysed record may still name it as its prefill id: a full run's
+        scope holds no prefill id that is not a request id of its own."""
+        con, full_seq = self.con, self.full_seq
+        found = (
+            f"SELECT request_id, max(seq) FILTER (WHERE seq > {full_seq}) AS marker_seq "
+            f"FROM analysis_requests WHERE engine_id IS NULL AND seq >= {full_seq} "
+            f"AND {_in_scope(con, 'request_id', ids=ids)} GROUP BY request_id"
+        )
+        others = f"SELECT request_id FROM {ids} ANTI JOIN _scope_markers USING (request_id)"
+        if ids == "_scope_ids":
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_markers AS {found}")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _scope_fresh AS {others}")
+        else:
+            con.execute(f"INSERT INTO _scope_markers {found}")
+            con.execute(f"INSERT INTO _scope_fresh {others}")
 
     def merge(self, full_seq: int) -> None:
         """``_merged_requests`` and ``_merged_findings``: the stored rollups and findings that
@@ -483,17 +563,11 @@ class IncrementalRun:
         if not self.full:
             # the rollups, markers and findings of the scope's ids that counted until now: the
             # newest of each id's since the last full run (as _merged_requests reads the others),
-            # those no later marker of the id outdates; a short list of ids is spelled out, so
-            # that the scans filter the stored rows as they read them. Each is counted with the
-            # sign -1 beside the scope's own: one count of both gives the change.
-            scoped = _in_scope(con, "request_id")
-            con.execute(
-                f"""
-                CREATE OR REPLACE TEMP TABLE _scope_markers AS
-                SELECT request_id, max(seq) AS marker_seq FROM analysis_requests
-                WHERE engine_id IS NULL AND seq > {full_seq} AND {scoped} GROUP BY request_id
-                """
-            )
+            # those no later marker of the id outdates (_scope_markers); of the ids an earlier
+            # run had in scope only (no other has any stored); a short list of ids is spelled
+            # out, so that the scans filter the stored rows as they read them. Each is counted
+            # with the sign -1 beside the scope's own: one count of both gives the change.
+            scoped = _in_scope(con, "request_id", ids="_scope_markers")
 
             def replaced(table: str) -> str:
                 return f"""
@@ -583,12 +657,13 @@ class IncrementalRun:
             "FROM analysis_rank_windows LIMIT 0"
         )
 
-    def compute_scope(self, *, cut: bool | None = None, windows: bool = True) -> None:
+    def compute_scope(self, *, cut: bool | None = None, windows: bool = True, fresh: bool = False) -> None:
         """``_scope_findings``, ``_scope_days``, ``_scope_rollups`` and (with ``windows``)
         ``_scope_window_rows`` for ``_scope_ids`` and ``_scope_windows`` on this connection.
 
         ``cut`` (default: unless a full run) reads only the scope's request ids' rows, and
-        those that name no request.
+        those that name no request. ``fresh`` (an incremental run that split its scope,
+        ``_known_ids``) reads the rows of ids no earlier run had in scope from the new rows.
         """
         from hybridtrace.analyze import HELD_SOURCES, materialized, records_from_rows
 
@@ -598,7 +673,16 @@ class IncrementalRun:
                     "coalesce('v' || e, 'n') || chr(0) || coalesce('v' || r, 'n')")  # fmt: skip
         with ExitStack() as stack:
             cutting = (not self.full) if cut is None else cut
-            if cutting:
+            if cutting and fresh:
+                # the new rows as the views give them: ``requests`` keeps the latest record of
+                # each request, and every record of a fresh id is among the new ones
+                new_rows = {
+                    "transfers": "_new_transfers",
+                    "requests": f"(SELECT * FROM _new_request_records{LATEST_RECORD})",
+                    "log_events": "_new_log_events",
+                }
+                stack.enter_context(cut_to_requests(con, "_scope_markers", fresh=("_scope_fresh", new_rows)))
+            elif cutting:
                 stack.enter_context(cut_to_requests(con))
             stack.enter_context(materialized(con, _CUT_VIEWS if cutting else _WHOLE_VIEWS, HELD_SOURCES))
             stack.enter_context(records_from_rows(con))

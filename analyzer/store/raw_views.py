@@ -224,6 +224,10 @@ _REPEATED_CONFIRM_SQL = (
 )
 
 
+# What keeps the latest record of each request (``requests``, when some are repeated).
+LATEST_RECORD = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
+
+
 def _repeated_records(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """How many (engine, request) keys ``request_records`` holds more than once, as a table of one row."""
     import pyarrow as pa
@@ -258,5 +262,4 @@ def _one_record_per_request(con: duckdb.DuckDBPyConnection, state: tuple[str, li
         code = "\n".join([_REPEATED_SQL, _REPEATED_CONFIRM_SQL, str(location), *files])
         found = derived_table("repeats", con, code, lambda: _repeated_records(con), of_views=False)
         repeated = found.column(0)[0].as_py()
-    latest = " QUALIFY row_number() OVER (PARTITION BY engine_id, request_id ORDER BY ts DESC) = 1"
-    con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{latest if repeated else ''}")
+    con.execute(f"CREATE VIEW requests AS SELECT * FROM request_records{LATEST_RECORD if repeated else ''}")
