@@ -8,8 +8,9 @@ engine whose inputs to the rules changed (its byte model, host buffer, peak pref
 log's engine named later: ``_ENGINE_DIGESTS``). That set is closed over the requests that
 share a prefill request id (``kv_expired`` matches prefill ids across engines). The
 request-scope rules then run on ``transfers``, ``requests`` and ``log_events`` cut down to
-those ids (log events that name no request are always kept: ``_peak_prefill_rate`` reads
-them), and their findings and rollups replace the stored ones of the same ids. An id no
+those ids (log events that name no request are kept, but for the engine stats lines, which
+only ``_peak_prefill_rate`` reads: the run computes that once over the store and counts the
+lines), and their findings and rollups replace the stored ones of the same ids. An id no
 earlier run had in scope has all its rows among the new ones, which the run keeps whole: its
 rows and records are read from those, not looked up in every file of the store
 (``_known_ids``; the records naming it as their prefill id still are). The slow-rank
