@@ -572,3 +572,16 @@ def test_a_record_sharing_a_prefill_id_with_one_a_full_run_analysed_brings_that_
     con = _incremental_after_a_part(bundle, tmp_path, [shared])
     assert record["request_id"] in _ids(con, "_scope_ids")
     assert record["remote_request_id"] in _ids(con, "_scope_fresh")
+
+
+def test_only_the_peak_prefill_rate_reads_the_stats_lines_an_incremental_cut_leaves_out():
+    """An incremental run's cut keeps the log events naming no request except the engine stats
+    lines (a month of them would be copied each run), and reads the peak prefill rate the run
+    computed over the whole store: that holds while no other view reads those lines."""
+    queries = Path(__file__).resolve().parent.parent / "queries"
+    readers = set()
+    for sql in sorted(queries.glob("*.sql")):
+        for statement in sql.read_text().split("CREATE OR REPLACE VIEW ")[1:]:
+            if "engine_stats" in statement:
+                readers.add(statement.split()[0])
+    assert readers == {"_peak_prefill_rate"}
