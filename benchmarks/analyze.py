@@ -24,7 +24,10 @@ once the store's analysis state exists. Timed, each in a fresh interpreter on th
 - ``analyze`` incremental after the new object was ingested (each repeat first removes the
   state batch the previous repeat committed, so each starts from the same state).
 - ``analyze`` incremental once more right after one that committed its state: a run with
-  nothing new, the scheduled job's most common run.
+  nothing new, the scheduled job's most common run;
+- ``analyze`` incremental once more with DuckDB's profiler on, its statements' binding and
+  optimizing summed (``_planning.py``): what the run spends planning before it reads a row,
+  which at a few new requests is most of it.
 The first run, ``analyze --full`` writing the state of every batch so far (the job's first
 run on a store), is timed too, against the full analysis.
 All of it on a copy of the store, so that --keep reuses one without state or new object.
@@ -215,6 +218,17 @@ def incremental(args: argparse.Namespace) -> None:
         run = _timed(codes["incremental"])
         if nothing is None or run[0] < nothing[0]:
             nothing = run
+    # the incremental run once more, its statements' planning summed (_planning.py): what it
+    # costs before any row is read, against the same budget
+    for path in _state_files(store) - state:
+        path.unlink()
+    planned = (
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from _planning import PlanningTally\n" + analyzed
+        + "tally = PlanningTally(con)\nanalyze(tally, incremental=True)\ntally.close_profile()\n"
+        "print(tally.statements, tally.binding_s, tally.optimizing_s, tally.planning_s)\n"
+    )
+    statements, binding, optimizing, planning = _timed(planned)[1].split()
     for path in _state_files(store) - state:
         path.unlink()
     start = best["start-up"][0]
@@ -234,6 +248,10 @@ def incremental(args: argparse.Namespace) -> None:
     print(f"analyze --full writing the state / full analysis: {(first - start) / (full_s - start):.2f}x "
           "(beyond start-up; one run)")
     print(f"nothing new / full, beyond start-up: {(nothing[0] - start) / (full_s - start):.1%}")
+    print(f"incremental, DuckDB planning alone: {float(planning):.2f} s over {statements} statements "
+          f"(binding {float(binding):.2f} s, optimizing {float(optimizing):.2f} s): "
+          f"{float(planning) / (full_s - start):.1%} of the full analysis beyond start-up, "
+          "before a row is read (one run, profiled)")
 
 
 def _state_files(store: Path) -> set[Path]:
