@@ -24,7 +24,10 @@ once the store's analysis state exists. Timed, each in a fresh interpreter on th
 - ``analyze`` incremental after the new object was ingested (each repeat first removes the
   state batch the previous repeat committed, so each starts from the same state).
 - ``analyze`` incremental once more right after one that committed its state: a run with
-  nothing new, the scheduled job's most common run.
+  nothing new, the scheduled job's most common run;
+- ``analyze`` incremental once more with DuckDB's profiler on, its statements' binding and
+  optimizing summed (``_planning.py``): what the run spends planning before it reads a row,
+  which at a few new requests is most of it.
 The first run, ``analyze --full`` writing the state of every batch so far (the job's first
 run on a store), is timed too, against the full analysis.
 All of it on a copy of the store, so that --keep reuses one without state or new object.
@@ -58,6 +61,12 @@ def main() -> None:
         "--incremental",
         action="store_true",
         help="time analyze after one new object against a full analysis (issue 20)",
+    )
+    parser.add_argument(
+        "--scrape-days",
+        type=float,
+        default=0,
+        help="with --incremental: days of one decode engine's Prometheus scrapes (every 15 s) in the store",
     )
     parser.add_argument(
         "--new-requests",
@@ -184,6 +193,15 @@ def incremental(args: argparse.Namespace) -> None:
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(store, work)
     store = work
+    scraped = ""
+    if args.scrape_days:
+        # a month-long store holds a month of the engines' scrapes: the new object names none of
+        # them, and an incremental run should not pay for them
+        samples = write_scrapes(root / "scrapes", args.scrape_days)
+        _timed(f"from hybridtrace.ingest.run import ingest\n"
+               f"ingest([{str(root / 'scrapes')!r}], {str(store)!r}, progress=False)\n")  # fmt: skip
+        shutil.rmtree(root / "scrapes")
+        scraped = f"; {args.scrape_days:g} days of one engine's scrapes ({samples:,} samples)"
     # the state of every batch so far, then the new object in a batch of its own
     opened = f"from hybridtrace.store.analysis import open_analysis\ncon = open_analysis({str(store)!r})\n"
     analyzed = "from hybridtrace.analyze import analyze\n" + opened
@@ -215,6 +233,17 @@ def incremental(args: argparse.Namespace) -> None:
         run = _timed(codes["incremental"])
         if nothing is None or run[0] < nothing[0]:
             nothing = run
+    # the incremental run once more, its statements' planning summed (_planning.py): what it
+    # costs before any row is read, against the same budget
+    for path in _state_files(store) - state:
+        path.unlink()
+    planned = (
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from _planning import PlanningTally\n" + analyzed
+        + "tally = PlanningTally(con)\nanalyze(tally, incremental=True)\ntally.close_profile()\n"
+        "print(tally.statements, tally.binding_s, tally.optimizing_s, tally.planning_s)\n"
+    )
+    statements, binding, optimizing, planning = _timed(planned)[1].split()
     for path in _state_files(store) - state:
         path.unlink()
     start = best["start-up"][0]
@@ -222,7 +251,8 @@ def incremental(args: argparse.Namespace) -> None:
     inc_s, inc_n = best["incremental"]
     assert full_n == inc_n, f"the incremental analysis found {inc_n} findings, the full one {full_n}"
     assert nothing is not None and nothing[1] == full_n, "a run with nothing new found other findings"
-    print(f"store             {args.requests:,} requests at TP 4; new object: {args.new_requests} requests")
+    print(f"store             {args.requests:,} requests at TP 4{scraped}; "
+          f"new object: {args.new_requests} requests")
     print(f"start-up          {start:6.2f} s  (open the store, SELECT 1)")
     print(f"full analysis     {full_s:6.2f} s  {full_s - start:6.2f} s beyond start-up  ({full_n} findings)")
     print(f"incremental       {inc_s:6.2f} s  {inc_s - start:6.2f} s beyond start-up")
@@ -234,6 +264,49 @@ def incremental(args: argparse.Namespace) -> None:
     print(f"analyze --full writing the state / full analysis: {(first - start) / (full_s - start):.2f}x "
           "(beyond start-up; one run)")
     print(f"nothing new / full, beyond start-up: {(nothing[0] - start) / (full_s - start):.1%}")
+    print(f"incremental, DuckDB planning alone: {float(planning):.2f} s over {statements} statements "
+          f"(binding {float(binding):.2f} s, optimizing {float(optimizing):.2f} s): "
+          f"{float(planning) / (full_s - start):.1%} of the full analysis beyond start-up, "
+          "before a row is read (one run, profiled)")
+
+
+# One scrape of a decode engine's vLLM NIXL metrics: four histograms (buckets, count, sum) and
+# two counters, as vLLM exposes them; the values grow with the scrape's number.
+_HISTOGRAMS = {
+    "vllm:nixl_xfer_time_seconds": (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0),
+    "vllm:nixl_post_time_seconds": (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
+    "vllm:nixl_bytes_transferred": tuple(float(2 ** (10 + i)) for i in range(1, 25, 2)),
+    "vllm:nixl_num_descriptors": (10.0, 50.0, 100.0, 400.0, 1000.0, 4000.0, 20000.0),
+}
+_SCRAPE_LABELS = 'engine="0",model_name="bench"'
+
+
+def write_scrapes(folder: Path, days: float) -> int:
+    """``days`` of scrapes every 15 s of one decode engine (the simulator's decode-0), a file
+    per day of timestamped samples as a collector keeps them; returns the samples written."""
+    target = folder / "decode-0"
+    target.mkdir(parents=True, exist_ok=True)
+    start = 1_776_700_000.0  # before the simulated trace: the scrapes' counts need not match it
+    scrapes = int(days * 86_400 / 15)
+    per_day = 86_400 // 15
+    samples = 0
+    for day, first in enumerate(range(0, scrapes, per_day)):
+        lines = []
+        for n in range(first, min(first + per_day, scrapes)):
+            stamp = f" {int((start + 15 * n) * 1000)}"
+            transfers = 40 * n
+            for name, bounds in _HISTOGRAMS.items():
+                for i, bound in enumerate(bounds):
+                    lines.append(f'{name}_bucket{{{_SCRAPE_LABELS},le="{bound}"}} '
+                                 f"{float(transfers * (i + 1) // len(bounds))}{stamp}")  # fmt: skip
+                lines.append(f'{name}_bucket{{{_SCRAPE_LABELS},le="+Inf"}} {float(transfers)}{stamp}')
+                lines.append(f"{name}_count{{{_SCRAPE_LABELS}}} {float(transfers)}{stamp}")
+                lines.append(f"{name}_sum{{{_SCRAPE_LABELS}}} {transfers * 0.01}{stamp}")
+            lines.append(f"vllm:nixl_num_failed_transfers_total{{{_SCRAPE_LABELS}}} {float(n // 100)}{stamp}")
+            lines.append(f"vllm:nixl_num_kv_expired_reqs_total{{{_SCRAPE_LABELS}}} {float(n // 200)}{stamp}")
+        (target / f"metrics-day{day:03d}.prom").write_text("\n".join(lines) + "\n")
+        samples += len(lines)
+    return samples
 
 
 def _state_files(store: Path) -> set[Path]:

@@ -56,28 +56,37 @@
 -- @column line_number   line of this scrape's sample
 -- @column day           UTC day of ts
 CREATE OR REPLACE VIEW prom_deltas AS
-WITH targeted AS (
-    SELECT *,
+WITH series AS (
+    -- each series once, numbered, with what depends on the series alone: the window below
+    -- sorts by a number instead of four strings, and the target and the kind of counter are
+    -- worked out once per series instead of once per sample (both were most of the view's
+    -- time on a week of scrapes)
+    SELECT instance, metric, labels, le, row_number() OVER () AS series_id,
            concat_ws(',', 'pod=' || json_extract_string(labels, '$.pod'),
                      'instance=' || json_extract_string(labels, '$.instance'),
                      'job=' || json_extract_string(labels, '$.job'),
                      'namespace=' || json_extract_string(labels, '$.namespace'),
                      'container=' || json_extract_string(labels, '$.container'),
-                     'node=' || json_extract_string(labels, '$.node')) AS target
-    FROM prom_samples
+                     'node=' || json_extract_string(labels, '$.node')) AS target,
+           -- 1: a `_created` time (a change is a restart); 2: a counter (a drop is a reset)
+           CASE WHEN metric LIKE '%\_created' ESCAPE '\' THEN 1
+                WHEN regexp_matches(metric, '_(total|count|sum|bucket)$') THEN 2 ELSE 0 END AS counter_kind
+    FROM (SELECT DISTINCT instance, metric, labels, le FROM prom_samples)
 ),
 steps AS (
-    SELECT instance, target, engine_label, model_name, metric, labels, le, ts, value,
-           lag(ts) OVER w AS prev_ts, lag(value) OVER w AS prev_value,
-           source_id, line_number, day
-    FROM targeted
-    WINDOW w AS (PARTITION BY instance, metric, labels, le ORDER BY ts)
+    SELECT p.instance, s.target, p.engine_label, p.model_name, p.metric, p.labels, p.le, p.ts, p.value,
+           s.counter_kind, lag(p.ts) OVER w AS prev_ts, lag(p.value) OVER w AS prev_value,
+           p.source_id, p.line_number, p.day
+    FROM prom_samples p
+    JOIN series s
+      ON s.instance IS NOT DISTINCT FROM p.instance AND s.metric IS NOT DISTINCT FROM p.metric
+     AND s.labels IS NOT DISTINCT FROM p.labels AND s.le IS NOT DISTINCT FROM p.le
+    WINDOW w AS (PARTITION BY s.series_id ORDER BY p.ts)
 ),
 resets AS (
     SELECT instance, target, engine_label, ts,
-           bool_or(CASE WHEN metric LIKE '%\_created' ESCAPE '\' THEN value <> prev_value
-                        WHEN regexp_matches(metric, '_(total|count|sum|bucket)$') THEN value < prev_value
-                        ELSE false END) AS reset
+           bool_or(CASE counter_kind WHEN 1 THEN value <> prev_value WHEN 2 THEN value < prev_value
+                   ELSE false END) AS reset
     FROM steps
     WHERE prev_value IS NOT NULL
     GROUP BY ALL
@@ -94,16 +103,32 @@ WHERE s.prev_ts IS NOT NULL;
 CREATE OR REPLACE VIEW _prom_deltas AS
 SELECT * FROM prom_deltas WHERE metric LIKE 'vllm:nixl_%';
 
+-- _prom_p90: per scrape and histogram family, the upper bound of the bucket that holds the
+-- 90th percentile of the interval's observations (the bucket's growth against the growth of
+-- the family's _count).
+--
+-- Columns:
+--   instance, target, engine_label, model_name, ts   the scrape, as prom_deltas has them
+--   family                                           the histogram (its bucket metric without _bucket)
+--   p90_upper                                        that bucket's le (null when nothing was observed)
 CREATE OR REPLACE VIEW _prom_p90 AS
+WITH buckets AS (
+    -- the family by cutting the suffix off: a regular expression on every sample cost more
+    -- than the join below
+    SELECT *,
+           CASE WHEN suffix(metric, '_bucket') THEN left(metric, length(metric) - 7) ELSE metric END AS family,
+           CASE WHEN suffix(metric, '_bucket') THEN left(metric, length(metric) - 7) || '_count' ELSE metric END
+               AS count_metric
+    FROM _prom_deltas
+    WHERE le IS NOT NULL AND delta IS NOT NULL
+)
 SELECT
-    d.instance, d.target, d.engine_label, d.model_name, d.ts,
-    regexp_replace(d.metric, '_bucket$', '') AS family,
+    d.instance, d.target, d.engine_label, d.model_name, d.ts, d.family,
     min(d.le) FILTER (WHERE d.delta >= 0.9 * c.delta AND c.delta > 0) AS p90_upper
-FROM _prom_deltas d
+FROM buckets d
 JOIN _prom_deltas c
   ON c.instance = d.instance AND c.labels = d.labels AND c.ts = d.ts
- AND c.metric = regexp_replace(d.metric, '_bucket$', '_count') AND c.le IS NULL
-WHERE d.le IS NOT NULL AND d.delta IS NOT NULL
+ AND c.metric = d.count_metric AND c.le IS NULL
 GROUP BY ALL;
 
 CREATE OR REPLACE VIEW _prom_intervals AS
@@ -118,7 +143,9 @@ WITH per_scrape AS (
         sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_descriptors_sum') AS desc_sum,
         sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_failed_transfers_total') AS failed,
         sum(delta) FILTER (WHERE metric = 'vllm:nixl_num_kv_expired_reqs_total') AS expired,
-        any_value(source_id) AS source_id,
+        -- the source of its first line: a scrape read in two slices of its file has a source
+        -- for each, and any of them would make two analyses of one store disagree
+        arg_min(source_id, line_number) AS source_id,
         min(line_number) AS line_number,
         any_value(day) AS day
     FROM _prom_deltas
@@ -242,7 +269,7 @@ per_scrape AS (
            sum(delta) FILTER (WHERE metric = 'sglang:num_bootstrap_failed_reqs_total') AS bootstrap_failed,
            -- a family whose growth nothing here reads (a gauge) makes no interval of its own
            count(*) FILTER (WHERE regexp_matches(metric, '_(count|sum|total)$')) AS read_samples,
-           any_value(source_id) AS source_id,
+           arg_min(source_id, line_number) AS source_id,  -- its first line's, as in _prom_intervals
            min(line_number) AS line_number,
            any_value(day) AS day
     FROM d
