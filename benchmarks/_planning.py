@@ -4,7 +4,9 @@ before any row is read. Used by ``analyze.py --incremental``.
 A run of a few new requests reads little, and most of it is many small statements whose
 plans cost more than their rows. DuckDB reports each statement's planning in its JSON
 profile (``planner`` and ``optimizer`` timings); this wraps the connection an analysis gets,
-reads the profile after each statement and sums them.
+reads the profile after each ``execute`` and sums them. The few queries an analysis makes as
+relations (``con.sql``: reading its findings back, the link fits) are not counted: the sum is
+a floor.
 """
 
 from __future__ import annotations
@@ -57,12 +59,6 @@ class PlanningTally:
         result = self._con.executemany(*args, **kwargs)
         self._read_profile()
         return self if result is self._con else result
-
-    def fetchall(self) -> list:
-        return self._con.fetchall()
-
-    def fetchone(self) -> Any:
-        return self._con.fetchone()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)

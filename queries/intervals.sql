@@ -113,12 +113,12 @@ SELECT * FROM prom_deltas WHERE metric LIKE 'vllm:nixl_%';
 --   p90_upper                                        that bucket's le (null when nothing was observed)
 CREATE OR REPLACE VIEW _prom_p90 AS
 WITH buckets AS (
-    -- the family by cutting the suffix off: a regular expression on every sample cost more
-    -- than the join below
+    -- the family by cutting `_bucket` off the name: a regular expression on every held delta,
+    -- once per family the intervals read, cost more than the join below
     SELECT *,
-           CASE WHEN suffix(metric, '_bucket') THEN left(metric, length(metric) - 7) ELSE metric END AS family,
-           CASE WHEN suffix(metric, '_bucket') THEN left(metric, length(metric) - 7) || '_count' ELSE metric END
-               AS count_metric
+           suffix(metric, '_bucket') AS is_bucket,
+           CASE WHEN is_bucket THEN left(metric, length(metric) - 7) ELSE metric END AS family,
+           CASE WHEN is_bucket THEN family || '_count' ELSE metric END AS count_metric
     FROM _prom_deltas
     WHERE le IS NOT NULL AND delta IS NOT NULL
 )

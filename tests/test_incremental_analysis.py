@@ -4,6 +4,7 @@ run, other thresholds, the incremental result equals a full analysis of the same
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -581,7 +582,7 @@ def test_only_the_peak_prefill_rate_reads_the_stats_lines_an_incremental_cut_lea
     queries = Path(__file__).resolve().parent.parent / "queries"
     readers = set()
     for sql in sorted(queries.glob("*.sql")):
-        for statement in sql.read_text().split("CREATE OR REPLACE VIEW ")[1:]:
+        for statement in re.split(r"CREATE OR REPLACE (?:VIEW|MACRO) ", sql.read_text())[1:]:
             if "engine_stats" in statement:
                 readers.add(statement.split()[0])
     assert readers == {"_peak_prefill_rate"}
