@@ -87,7 +87,6 @@ HELD_SOURCES = {
 MERGED_VIEWS = (
     "_accounting_totals",
     "_input_counts",
-    "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
     "_counted_events",

@@ -50,6 +50,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from hybridtrace.analyze.incremental_scrapes import merge_scrapes, scope_scrapes
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
@@ -80,7 +81,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 8
+STATE_VERSION = 9
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -124,6 +125,8 @@ REPORT_STATE_VIEWS = {
     "_handoff_times": """
         SELECT engine_id, handoff_missing_tokens AS missing_tokens, critical_path_s, prefill_s, prefill_source
         FROM _merged_requests WHERE handoff AND critical_path_s IS NOT NULL AND prefill_s IS NOT NULL""",
+    # every scrape's interval, as the runs left them (incremental_scrapes.py)
+    "_prom_scrape_intervals": "SELECT * FROM _merged_scrapes",
 }
 # What IncrementalRun.last holds until the run has looked at the state.
 _NOT_LOOKED = object()
@@ -482,6 +485,14 @@ class IncrementalRun:
             self.compute_scope(fresh=not self.full and self.split)
         else:
             scope(self)
+        if self.full or self.batches:
+            new_sources = [i for (i,) in con.execute("SELECT source_id FROM _new_sources").fetchall()]
+            self.counts["scrapes"] = scope_scrapes(
+                con, full=self.full, full_seq=full_seq,
+                new_sources=_listed(new_sources, "_new_sources", "source_id"),
+            )  # fmt: skip
+        else:
+            _no_scrapes(con)
         self.merge(full_seq)
         self._counts(full_seq)
         window_keep = (
@@ -566,6 +577,7 @@ class IncrementalRun:
         # sorts them only when all are asked for (analyze/__init__.py's Analysis)
         con.execute(f"CREATE OR REPLACE TEMP VIEW _merged_findings AS {stored_findings} "
                     "SELECT * FROM _scope_findings")  # fmt: skip
+        merge_scrapes(con, full=self.full, seq=self.seq, full_seq=full_seq)
 
     def _counts(self, full_seq: int) -> None:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
@@ -765,6 +777,8 @@ class IncrementalRun:
             # rules' intervals need no scan of every read's engine
             "_untraced_interval_bytes": "SELECT * FROM _interval_verdicts((SELECT "
                                         "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
+            # the scrapes' intervals from the state, not from every sample of the store
+            "_prom_scrape_intervals": REPORT_STATE_VIEWS["_prom_scrape_intervals"],
         }  # fmt: skip
         # _config_pairs reads of the reads and the records only the engine pairs they name:
         # those come from the counts, not from every read and record
@@ -839,7 +853,8 @@ class IncrementalRun:
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
-            "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
+            "windows": self.counts.get("windows", 0), "scrapes": self.counts.get("scrapes", 0),
+            "ran_at": time.time(), "state_version": STATE_VERSION,
             "code": _code(), "result": result,
         }])  # fmt: skip
         inputs = ", ".join(f"coalesce(i.{c}, 0) AS {c}" for c in _INPUT_COLUMNS.split(", "))
@@ -867,6 +882,12 @@ class IncrementalRun:
             ),
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
+            "analysis_scrapes": _arrow(
+                con, f"SELECT {seq} AS seq, * FROM _scope_scrapes ORDER BY day, instance, end_ts"
+            ),
+            "analysis_scrape_series": _arrow(
+                con, f"SELECT {seq} AS seq, * FROM _scope_scrape_series ORDER BY day, instance, metric"
+            ),
         }
         if self.result is not None:
             # every finding of the rules run over the whole store, with the day of its span
@@ -877,6 +898,14 @@ class IncrementalRun:
                 f"FROM ({self.result[2]}) ORDER BY day, engine_id, rule, {_COLUMNS}",
             )
         return tables
+
+
+def _no_scrapes(con: duckdb.DuckDBPyConnection) -> None:
+    """No scrape computed (no new batch): the scope's scrape tables, empty."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrapes LIMIT 0")  # fmt: skip
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrape_series AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrape_series LIMIT 0")  # fmt: skip
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
@@ -1252,6 +1281,7 @@ def answer_unchanged(run: IncrementalRun) -> tuple[dict, dict, str] | None:
     answering = IncrementalRun(con, run.store, full=False, seq=seq + 1)
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
     answering.reuse_scope()
+    _no_scrapes(con)
     answering.merge(_scalar(con, _LAST_FULL_RUN))
     answer = json.loads(result)
     findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"
