@@ -328,7 +328,10 @@ class IncrementalRun:
         self.seq = (last[0][0] + 1) if last else 1
         self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5] is None)
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
+            # whether a read wrote Prometheus samples (a store's older rows may not say: then it may)
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id, "
+            "coalesce(TRY_CAST(json_extract(rows, '$.prom_samples') AS BIGINT) > 0, rows IS NULL) AS scraped "
+            "FROM sources "
             f"WHERE batch_id NOT IN (SELECT DISTINCT * FROM ({_ANALYZED_BATCHES}))"
         )
         found = con.execute("SELECT DISTINCT batch_id FROM _new_sources").fetchall()
@@ -485,11 +488,12 @@ class IncrementalRun:
             self.compute_scope(fresh=not self.full and self.split)
         else:
             scope(self)
-        if self.full or self.batches:
-            new_sources = [i for (i,) in con.execute("SELECT source_id FROM _new_sources").fetchall()]
+        # new samples come from new reads that wrote some: without one, no scrape is computed
+        scraped = [i for (i,) in con.execute("SELECT source_id FROM _new_sources WHERE scraped").fetchall()]
+        if self.full or scraped:
             self.counts["scrapes"] = scope_scrapes(
                 con, full=self.full, full_seq=full_seq,
-                new_sources=_listed(new_sources, "_new_sources", "source_id"),
+                new_sources=_listed(scraped, "(SELECT * FROM _new_sources WHERE scraped)", "source_id"),
             )  # fmt: skip
         else:
             _no_scrapes(con)
