@@ -208,7 +208,7 @@ def incremental(args: argparse.Namespace) -> None:
         # the new object comes with the engine's next five minutes of scrapes, as a job's does
         after = round(args.scrape_days * 86_400 / 15)
         fresh = write_scrapes(root / "scrapes", _NEW_SCRAPES * 15 / 86_400, after=after)
-        scraped += f"; new object: the next {_NEW_SCRAPES} scrapes ({fresh:,} samples) too"
+        scraped += f", and the next {_NEW_SCRAPES} ({fresh:,} samples) with the new object"
     # the state of every batch so far, then the new object in a batch of its own
     opened = f"from hybridtrace.store.analysis import open_analysis\ncon = open_analysis({str(store)!r})\n"
     analyzed = "from hybridtrace.analyze import analyze\n" + opened

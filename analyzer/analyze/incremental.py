@@ -19,7 +19,9 @@ windows. Other thresholds than the state's, or ``analyze --full``, recompute eve
 
 What is recomputed in full every run, because it spans partitions, reads the rollups instead
 of the reads: the engine pair rule (``config_mismatch``: each request's prefill engines), the
-native-metrics rules (the intervals; the failures and expiries ``_named_trace_events`` counts),
+native-metrics rules (the intervals, the scrapes' kept in the state and computed only where new
+samples make or change them, ``incremental_scrapes.py``; the failures and expiries
+``_named_trace_events`` counts),
 ``slow_rank``'s verdicts (the stored windows, the requests' critical paths),
 ``output_mismatch`` (verifications, with the merged findings as its ``_handoff_findings``)
 and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
@@ -31,7 +33,7 @@ stored findings are not summed over every rollup and finding each run: each run 
 change it made to them (``analysis_counts``: its rollups' and findings' counts less those of
 the ones they replace), and the counts are the sum of the changes since the last full run.
 
-The state is five store tables (``analysis_*``, schemas beside the others), written as one
+The state is the store's ``analysis_*`` tables (schemas beside the others), written as one
 batch with the store's commit protocol under the writer lock; every row carries the run's
 ``seq`` and a row counts while it is the newest for its key since the last full run (a
 change counts from the last full run on), so a compaction that merges state files of many
@@ -905,7 +907,7 @@ class IncrementalRun:
 
 
 def _no_scrapes(con: duckdb.DuckDBPyConnection) -> None:
-    """No scrape computed (no new batch): the scope's scrape tables, empty."""
+    """No scrape computed (no new read wrote samples): the scope's scrape tables, empty."""
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
                 "SELECT * EXCLUDE (seq) FROM analysis_scrapes LIMIT 0")  # fmt: skip
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrape_series AS "
