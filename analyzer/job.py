@@ -199,6 +199,7 @@ def run_lock(store: str, lease_s: float, max_run_s: float = 3600.0) -> Iterator[
 
 def run_job(config: JobConfig) -> tuple[int, dict]:
     """One scheduled run: (exit code, the one-line summary as a dict)."""
+    from hybridtrace.analyze import analyze
     from hybridtrace.ingest.run import ingest
     from hybridtrace.report import collect, render_html, render_markdown
     from hybridtrace.store.analysis import open_analysis
@@ -235,12 +236,18 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
                 scope = SparkScope(config.spark)
             con = open_analysis(config.store, config=config.thresholds_file)
             # the analysis keeps its state in the store: each run recomputes what its batches touch
-            data = collect(con, store=config.store, config=config.thresholds_file, scope=scope,
-                           incremental=True)  # fmt: skip
-            by_kind = {k: n for k, n in data.summary["findings_by_kind"].items() if n}
-            summary["findings"] = data.counts["findings"]
+            if config.html or config.markdown:
+                data = collect(con, store=config.store, config=config.thresholds_file, scope=scope,
+                               incremental=True)  # fmt: skip
+                analysis = data.analysis
+            else:
+                # no report to write: the analysis alone, not the report's sections, which
+                # read every request of the store again (seconds a run on a month of data)
+                analysis = analyze(con, config=config.thresholds_file, scope=scope, incremental=True)
+            by_kind = {k: n for k, n in analysis.summary["findings_by_kind"].items() if n}
+            summary["findings"] = len(analysis)
             summary["by_kind"] = by_kind
-            summary["by_severity"] = data.summary["findings_by_severity"]
+            summary["by_severity"] = analysis.summary["findings_by_severity"]
             if config.html:
                 summary["report"] = publish_text(render_html(data), config.html)
             if config.markdown:
@@ -254,7 +261,7 @@ def run_job(config: JobConfig) -> tuple[int, dict]:
         summary["seconds"] = round(time.monotonic() - started, 3)
         return (EXIT_ERROR if busy.stuck else EXIT_OK), summary
     # unreadable input still leaves the rest read, analysed and published; the operator must know
-    outcome = decide_exit(by_kind, data.inputs, fail_on=config.fail_on, strict=config.strict,
+    outcome = decide_exit(by_kind, analysis.inputs, fail_on=config.fail_on, strict=config.strict,
                           unreadable=ingested.errors)  # fmt: skip
     summary["fail_on_matched"] = outcome.matched
     code, summary["status"] = outcome.code, outcome.status

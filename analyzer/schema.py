@@ -113,6 +113,8 @@ TABLES = (
     "analysis_run_findings",
     "analysis_rank_windows",
     "analysis_counts",
+    "analysis_scrapes",
+    "analysis_scrape_series",
 )
 DERIVED = ("engine_models",)
 

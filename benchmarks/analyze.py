@@ -30,6 +30,9 @@ once the store's analysis state exists. Timed, each in a fresh interpreter on th
   which at a few new requests is most of it.
 The first run, ``analyze --full`` writing the state of every batch so far (the job's first
 run on a store), is timed too, against the full analysis.
+With --scrape-days N the store also holds N days of one decode engine's Prometheus scrapes
+(every 15 s), and the new object comes with the next five minutes of them: the run computes
+those scrapes' intervals and reads the others' from its state.
 All of it on a copy of the store, so that --keep reuses one without state or new object.
 Prints each one's time beyond start-up and the ratio of the incremental one to the full one
 (target: at most 5%).
@@ -195,20 +198,26 @@ def incremental(args: argparse.Namespace) -> None:
     store = work
     scraped = ""
     if args.scrape_days:
-        # a month-long store holds a month of the engines' scrapes: the new object names none of
-        # them, and an incremental run should not pay for them
+        # a month-long store holds a month of the engines' scrapes: an incremental run should
+        # pay for the new object's few only
         samples = write_scrapes(root / "scrapes", args.scrape_days)
         _timed(f"from hybridtrace.ingest.run import ingest\n"
                f"ingest([{str(root / 'scrapes')!r}], {str(store)!r}, progress=False)\n")  # fmt: skip
         shutil.rmtree(root / "scrapes")
         scraped = f"; {args.scrape_days:g} days of one engine's scrapes ({samples:,} samples)"
+        # the new object comes with the engine's next five minutes of scrapes, as a job's does
+        after = round(args.scrape_days * 86_400 / 15)
+        fresh = write_scrapes(root / "scrapes", _NEW_SCRAPES * 15 / 86_400, after=after)
+        scraped += f", and the next {_NEW_SCRAPES} ({fresh:,} samples) with the new object"
     # the state of every batch so far, then the new object in a batch of its own
     opened = f"from hybridtrace.store.analysis import open_analysis\ncon = open_analysis({str(store)!r})\n"
     analyzed = "from hybridtrace.analyze import analyze\n" + opened
     first, _ = _timed(analyzed + "analyze(con, incremental=True, full=True)\n")
     print(f"analyze --full (writes the state)  {first:6.2f} s")
+    new_inputs = [str(new_object.parent.parent)] + ([str(root / "scrapes")] if args.scrape_days else [])
     _timed(f"from hybridtrace.ingest.run import ingest\n"
-           f"ingest([{str(new_object.parent.parent)!r}], {str(store)!r}, progress=False)\n")  # fmt: skip
+           f"ingest({new_inputs!r}, {str(store)!r}, progress=False)\n")  # fmt: skip
+    shutil.rmtree(root / "scrapes", ignore_errors=True)
     state = _state_files(store)
     codes = {
         "start-up": opened + "print(con.sql('SELECT 1').fetchall()[0][0])\n",
@@ -279,18 +288,21 @@ _HISTOGRAMS = {
     "vllm:nixl_num_descriptors": (10.0, 50.0, 100.0, 400.0, 1000.0, 4000.0, 20000.0),
 }
 _SCRAPE_LABELS = 'engine="0",model_name="bench"'
+# The scrapes that come with the new object: five minutes of them.
+_NEW_SCRAPES = 20
 
 
-def write_scrapes(folder: Path, days: float) -> int:
+def write_scrapes(folder: Path, days: float, after: int = 0) -> int:
     """``days`` of scrapes every 15 s of one decode engine (the simulator's decode-0), a file
-    per day of timestamped samples as a collector keeps them; returns the samples written."""
+    per day of timestamped samples as a collector keeps them, from the scrape numbered
+    ``after`` on; returns the samples written."""
     target = folder / "decode-0"
     target.mkdir(parents=True, exist_ok=True)
     start = 1_776_700_000.0  # before the simulated trace: the scrapes' counts need not match it
-    scrapes = int(days * 86_400 / 15)
+    scrapes = after + round(days * 86_400 / 15)
     per_day = 86_400 // 15
     samples = 0
-    for day, first in enumerate(range(0, scrapes, per_day)):
+    for day, first in enumerate(range(after, scrapes, per_day)):
         lines = []
         for n in range(first, min(first + per_day, scrapes)):
             stamp = f" {int((start + 15 * n) * 1000)}"
@@ -304,7 +316,7 @@ def write_scrapes(folder: Path, days: float) -> int:
                 lines.append(f"{name}_sum{{{_SCRAPE_LABELS}}} {transfers * 0.01}{stamp}")
             lines.append(f"vllm:nixl_num_failed_transfers_total{{{_SCRAPE_LABELS}}} {float(n // 100)}{stamp}")
             lines.append(f"vllm:nixl_num_kv_expired_reqs_total{{{_SCRAPE_LABELS}}} {float(n // 200)}{stamp}")
-        (target / f"metrics-day{day:03d}.prom").write_text("\n".join(lines) + "\n")
+        (target / f"metrics-{after}-day{day:03d}.prom").write_text("\n".join(lines) + "\n")
         samples += len(lines)
     return samples
 
@@ -313,7 +325,7 @@ def _state_files(store: Path) -> set[Path]:
     """Every file of the analysis state and every commit record: what a state batch adds."""
     found = {p for p in (store / "sources").glob("part-*.parquet")}
     for table in ("analysis_runs", "analysis_requests", "analysis_findings", "analysis_rank_windows",
-                  "analysis_counts"):
+                  "analysis_counts", "analysis_run_findings", "analysis_scrapes", "analysis_scrape_series"):
         found |= set((store / table).rglob("*.parquet"))
     return found
 

@@ -131,7 +131,13 @@ JOIN _prom_deltas c
  AND c.metric = d.count_metric AND c.le IS NULL
 GROUP BY ALL;
 
-CREATE OR REPLACE VIEW _prom_intervals AS
+-- _prom_scrape_intervals: one row per scrape (instance, target, engine label, model name, time)
+-- after the first of its series: what `_prom_intervals` says of it before the instance is
+-- resolved to its engine. A scrape's row depends on its own samples and each of their series'
+-- sample before it only, so the incremental analysis keeps these rows in its state
+-- (analysis_scrapes) and recomputes only the scrapes new samples make or change; the engine
+-- of an instance can be named later (a log arriving in the folder), so it is resolved when read.
+CREATE OR REPLACE VIEW _prom_scrape_intervals AS
 WITH per_scrape AS (
     SELECT
         instance, target, engine_label, model_name, ts,
@@ -153,10 +159,9 @@ WITH per_scrape AS (
     GROUP BY instance, target, engine_label, model_name, ts
 )
 SELECT
+    s.instance, s.target, s.engine_label, s.model_name,
     s.prev_ts AS start_ts,
     s.ts AS end_ts,
-    coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
-    'prometheus' AS source_kind,
     'engine=' || coalesce(s.engine_label, '') || CASE WHEN s.target <> '' THEN ' ' || s.target ELSE '' END
         AS process,
     CAST(s.n AS BIGINT) AS transfers,
@@ -174,9 +179,6 @@ SELECT
     s.source_id,
     s.line_number
 FROM per_scrape s
--- an instance is a path; a store written before paths were kept has the folder's name
-LEFT JOIN _instance_engines e
-  ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance)
 LEFT JOIN _prom_p90 x
   ON x.instance = s.instance AND x.target = s.target AND x.ts = s.ts
  AND x.engine_label IS NOT DISTINCT FROM s.engine_label
@@ -185,6 +187,23 @@ LEFT JOIN _prom_p90 p
   ON p.instance = s.instance AND p.target = s.target AND p.ts = s.ts
  AND p.engine_label IS NOT DISTINCT FROM s.engine_label
  AND p.model_name IS NOT DISTINCT FROM s.model_name AND p.family = 'vllm:nixl_post_time_seconds';
+
+-- _prom_intervals: the scrapes' intervals as the `intervals` table has them, each instance's
+-- engine resolved.
+CREATE OR REPLACE VIEW _prom_intervals AS
+SELECT
+    s.start_ts, s.end_ts,
+    coalesce(e.engine_id, regexp_extract(s.instance, '([^/]+)$', 1)) AS engine_id,
+    'prometheus' AS source_kind,
+    -- each column named (an EXCLUDE list is printed in no fixed order in the view's text, which
+    -- the connections' kept tables are keyed by: store/catalog.py)
+    s.process, s.transfers, s.avg_xfer_s, s.p90_xfer_s, s.avg_post_s, s.p90_post_s, s.avg_mib_per_transfer,
+    s.throughput_mib_s, s.avg_descriptors, s.transported_bytes, s.failed_transfers, s.expired_requests,
+    s.day, s.source_id, s.line_number
+FROM _prom_scrape_intervals s
+-- an instance is a path; a store written before paths were kept has the folder's name
+LEFT JOIN _instance_engines e
+  ON e.instance = s.instance OR (s.instance NOT LIKE '%/%' AND e.folder = s.instance);
 
 -- intervals: the log's intervals and the scrapes' deltas, as the `intervals` table
 -- (docs/tables.md) describes them.

@@ -35,15 +35,15 @@ SELECT engine_id, share, count(*) AS reads FROM transfer_bytes WHERE share IS NO
 
 -- _report_requests: the requests the per-request bytes chart shows: the 12 that moved
 -- the most bytes over expected, then 28 more picked by hash (a fair sample of the rest).
+-- Two top-N picks, not two numberings of every request: a numbering sorts them all (a
+-- million requests: most of the scheduled job's report).
 CREATE OR REPLACE VIEW _report_requests AS
-SELECT engine_id, request_id, excess_bytes
-FROM (
-    SELECT engine_id, request_id, excess_bytes, hash(engine_id, request_id) AS pick
-    FROM _report_request_sums
-    WHERE reads_ok > 0
+WITH accounted AS (
+    SELECT engine_id, request_id, excess_bytes FROM _report_request_sums WHERE reads_ok > 0
 )
-QUALIFY row_number() OVER (ORDER BY excess_bytes DESC, request_id) <= 12
-     OR row_number() OVER (ORDER BY pick, request_id) <= 28;
+SELECT * FROM (SELECT * FROM accounted ORDER BY excess_bytes DESC, request_id LIMIT 12)
+UNION
+SELECT * FROM (SELECT * FROM accounted ORDER BY hash(engine_id, request_id), request_id LIMIT 28);
 
 -- report_request_cache_bytes: bytes by cache type per sampled request, for each count.
 --
@@ -317,9 +317,14 @@ WITH reads AS (
     JOIN _report_fit_groups g ON g.source = 'nixl' AND g.engine_id = n.engine_id AND g.rank = n.rank
     WHERE n.xfer_us > 0
 )
-SELECT fit, bytes, xfer_ms, descriptors FROM reads
-QUALIFY row_number() OVER (PARTITION BY fit ORDER BY pick) <= 300
-ORDER BY fit, bytes, pick;
+-- the 300 of lowest hash per fit kept as each fit's reads stream by, not every read sorted
+SELECT fit, p.bytes, p.xfer_ms, p.descriptors
+FROM (
+    SELECT fit, unnest(arg_min({'bytes': bytes, 'xfer_ms': xfer_ms, 'descriptors': descriptors, 'pick': pick},
+                               pick, 300)) AS p
+    FROM reads GROUP BY fit
+)
+ORDER BY fit, p.bytes, p.pick;
 
 -- report_link_fit_lines: each rank fit's line, at no bytes and at the most bytes its reads
 -- moved: fixed + bytes / bandwidth, plus the descriptors those bytes take at the reads'

@@ -172,3 +172,31 @@ def test_what_an_analysis_computes_from_the_rows_it_holds_equals_the_views(tmp_p
     with materialized(con, held):
         for name, source in HELD_SOURCES.items():
             assert sorted(con.execute(f"SELECT * FROM {source}").fetchall()) == wanted[name], name
+
+
+def test_each_kinds_first_findings_and_counts_come_out_alike_unsorted_and_sorted(demo_store):
+    # A report lists each kind's first findings: taken as the findings stream by, they are
+    # the first rows of each kind of the sorted table, the counts those of every finding.
+    result = analyze(Store(demo_store).connect())
+    assert result.source_name is not None  # not sorted yet
+    head, counts = result.head_of_each_kind(3), sorted(result.kind_counts())
+    smaller = result.head_of_each_kind(2).to_pylist()  # from the kept heads
+    padding = sorted(result.of_kind("padding_leak", ["request_id", "rank"]).to_pylist(), key=repr)
+    rows = result.table.to_pylist()  # every finding, sorted
+    seen: dict[str, int] = {}
+    expected = []
+    for row in rows:
+        seen[row["kind"]] = seen.get(row["kind"], 0) + 1
+        if seen[row["kind"]] <= 3:
+            expected.append(row)
+    assert max(seen.values()) > 3 and len(seen) > 3
+    assert head.to_pylist() == expected
+    assert smaller == [row for i, row in enumerate(expected)
+                       if sum(r["kind"] == row["kind"] for r in expected[:i]) < 2]  # fmt: skip
+    assert result.head_of_each_kind(3).to_pylist() == expected  # from the sorted table now
+    pairs: dict[tuple, int] = {}
+    for row in rows:
+        pairs[(row["kind"], row["severity"])] = pairs.get((row["kind"], row["severity"]), 0) + 1
+    assert counts == sorted((k, s, n) for (k, s), n in pairs.items()) == sorted(result.kind_counts())
+    leaks = [{"request_id": r["request_id"], "rank": r["rank"]} for r in rows if r["kind"] == "padding_leak"]
+    assert padding == sorted(leaks, key=repr) and padding

@@ -290,6 +290,7 @@ def test_what_the_report_reads_of_the_state_equals_what_it_reads_of_every_read(b
             job.trace[i] = json.dumps(record) + "\n"
             mixed += 1
     assert mixed > 10
+    job.add("decode-0/metrics-*")  # the scrapes' intervals are read from the state too
     _state_of_half_then_the_rest(job)
     con = open_analysis(job.store)
     analyze(con, incremental=True)

@@ -187,3 +187,26 @@ def test_each_run_keeps_the_analysis_state_and_analyzes_only_what_is_new(tmp_pat
     grown = run()
     assert grown["read"] > 0 and grown["findings"] > first["findings"]
     assert grown["runs"] == 2 and not grown["full"] and grown["requests"] > 0
+
+
+def test_a_job_without_a_report_analyses_alike_and_gathers_no_report(tmp_path, bundle, monkeypatch):
+    # With no report to write, a run analyses and judges as one that writes it does, and does
+    # not gather the report's sections (they read every request of the store again).
+    import hybridtrace.report
+
+    def job(name: str, report: str) -> dict:
+        store = tmp_path / name / "store"
+        text = f'[inputs]\npaths = ["{bundle}"]\n[store]\npath = "{store}"\n{report}'
+        code, summary = run_job(load_job(_job(tmp_path / name, text)))
+        return {"code": code} | {k: summary[k] for k in ("status", "findings", "by_kind", "by_severity")}
+
+    (tmp_path / "with").mkdir()
+    (tmp_path / "without").mkdir()
+    reported = job("with", f'[report]\nmarkdown = "{tmp_path / "with" / "r.md"}"\n')
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the report's sections were gathered")
+
+    monkeypatch.setattr(hybridtrace.report, "collect", refused)
+    assert job("without", "") == reported
+    assert reported["findings"] > 0 and not list((tmp_path / "without").glob("*.md"))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
@@ -87,7 +88,6 @@ HELD_SOURCES = {
 MERGED_VIEWS = (
     "_accounting_totals",
     "_input_counts",
-    "_prom_deltas",
     "intervals",
     "_untraced_interval_bytes",
     "_counted_events",
@@ -100,13 +100,17 @@ MERGED_VIEWS = (
     "_config_pairs",
 )
 
-_ORDER_BY = (
-    "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END, "
-    "kind, coalesce(engine_id, ''), coalesce(request_id, ''), coalesce(rank, -1), "
+_ORDER_TERMS = (
+    "CASE severity WHEN 'error' THEN 0 WHEN 'warning' THEN 1 WHEN 'info' THEN 2 ELSE 9 END",
+    "kind", "coalesce(engine_id, '')", "coalesce(request_id, '')", "coalesce(rank, -1)",
     # findings equal on all of the above (one request's failures from two prefill engines)
     # keep one order, so that two analyses of one store list them alike
-    "coalesce(remote_engine_id, ''), message, evidence"
-)
+    "coalesce(remote_engine_id, '')", "message", "evidence",
+)  # fmt: skip
+_ORDER_BY = ", ".join(_ORDER_TERMS)
+# The same order as one value, for the aggregates that keep a kind's first rows
+# (``Analysis.head_of_each_kind``): a null term after every value, as ORDER BY puts it.
+_ORDER_KEY = "{" + ", ".join(f"'n{i}': ({t}) IS NULL, 'v{i}': {t}" for i, t in enumerate(_ORDER_TERMS)) + "}"
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 _RESULTS = _counter(1)  # names the findings tables of the analyses of one process
 _SNAPSHOTS = _counter(1)  # names the tables materialized() computes views into
@@ -160,6 +164,17 @@ def materialized(
         yield
 
 
+def _first_of_each_kind(table: pa.Table, limit: int) -> pa.Table:
+    """The first ``limit`` rows of each kind of ``table`` (findings in the analysis' order), in that order."""
+    codes = pc.dictionary_encode(table["kind"]).combine_chunks().indices
+    kinds = pc.unique(codes).to_pylist()
+    firsts = [pc.indices_nonzero(pc.equal(codes, code)).slice(0, limit) for code in kinds]
+    picked = sorted(i for first in firsts for i in first.to_pylist())
+    # sliced row by row: a take from a table of many chunks joins every chunk first
+    rows = [table.slice(i, 1) for i in picked]
+    return pa.concat_tables(rows).combine_chunks() if rows else table.slice(0, 0)
+
+
 class Analysis:
     """Findings (an Arrow table, sorted by severity), the inputs counted and the summary.
 
@@ -183,6 +198,8 @@ class Analysis:
         self.inputs = inputs
         self.summary = summary if summary is not None else {}
         self._rows: list[dict] | None = None
+        self._head: tuple[int, pa.Table] | None = None  # (limit, head_of_each_kind(limit))
+        self._counts: list[tuple[str, str, int]] | None = None  # kind_counts()
 
     def __repr__(self) -> str:
         return f"Analysis({len(self)} findings, inputs={self.inputs!r})"
@@ -208,6 +225,49 @@ class Analysis:
                 con.execute(f"DROP TABLE IF EXISTS {name}")
             self._source = None
         return self._table
+
+    def head_of_each_kind(self, limit: int) -> pa.Table:
+        """Each kind's first ``limit`` findings, in the order ``table`` lists them: what a page
+        shows of each kind. Findings not sorted yet are not sorted for it: each kind's first
+        rows are kept as the findings stream by (a report of half a million findings spent a
+        second sorting them all). The heads are kept: a smaller limit is read from them."""
+        if self._table is not None:
+            return _first_of_each_kind(self._table, limit)
+        if self._head is not None and self._head[0] >= limit:
+            return _first_of_each_kind(self._head[1], limit)
+        con, name = self._source  # type: ignore[misc]
+        row = "{" + ", ".join(f"'{c}': {c}" for c in FINDING_COLUMN_NAMES) + "}"
+        firsts = f"arg_min({row}, {_ORDER_KEY}, {int(limit)})"
+        got = con.sql(
+            f"SELECT {_COLUMNS} FROM (SELECT unnest({firsts}, recursive := true) FROM {name} GROUP BY kind) "
+            f"ORDER BY {_ORDER_BY}"
+        ).arrow()
+        head = got.read_all() if isinstance(got, pa.RecordBatchReader) else got
+        self._head = (limit, head)
+        return head
+
+    def kind_counts(self) -> list[tuple[str, str, int]]:
+        """(kind, severity, findings) for every pair found."""
+        if self._counts is not None:
+            return self._counts
+        if self._table is not None:
+            pairs = self._table.group_by(["kind", "severity"], use_threads=False)
+            counted = pairs.aggregate([([], "count_all")])
+            columns = (counted[c].to_pylist() for c in ("kind", "severity", "count_all"))
+            self._counts = list(zip(*columns, strict=True))
+        else:
+            con, name = self._source  # type: ignore[misc]
+            self._counts = con.execute(f"SELECT kind, severity, count(*) FROM {name} GROUP BY ALL").fetchall()
+        return self._counts
+
+    def of_kind(self, kind: str, columns: list[str]) -> pa.Table:
+        """``columns`` of the findings of ``kind``, in no order."""
+        if self._table is not None:
+            return self._table.filter(pc.equal(self._table["kind"], kind)).select(columns)
+        con, name = self._source  # type: ignore[misc]
+        query = f"SELECT {', '.join(columns)} FROM {name} WHERE kind = $kind"
+        got = con.sql(query, params={"kind": kind}).arrow()
+        return got.read_all() if isinstance(got, pa.RecordBatchReader) else got
 
     def _sorted(self, limit: int | None = None) -> pa.Table:
         con, name = self._source  # type: ignore[misc]

@@ -19,7 +19,9 @@ windows. Other thresholds than the state's, or ``analyze --full``, recompute eve
 
 What is recomputed in full every run, because it spans partitions, reads the rollups instead
 of the reads: the engine pair rule (``config_mismatch``: each request's prefill engines), the
-native-metrics rules (the intervals; the failures and expiries ``_named_trace_events`` counts),
+native-metrics rules (the intervals, the scrapes' kept in the state and computed only where new
+samples make or change them, ``incremental_scrapes.py``; the failures and expiries
+``_named_trace_events`` counts),
 ``slow_rank``'s verdicts (the stored windows, the requests' critical paths),
 ``output_mismatch`` (verifications, with the merged findings as its ``_handoff_findings``)
 and the input counts. The analysis itself then runs unchanged (``_analyze``) on views that read the
@@ -31,7 +33,7 @@ stored findings are not summed over every rollup and finding each run: each run 
 change it made to them (``analysis_counts``: its rollups' and findings' counts less those of
 the ones they replace), and the counts are the sum of the changes since the last full run.
 
-The state is five store tables (``analysis_*``, schemas beside the others), written as one
+The state is the store's ``analysis_*`` tables (schemas beside the others), written as one
 batch with the store's commit protocol under the writer lock; every row carries the run's
 ``seq`` and a row counts while it is the newest for its key since the last full run (a
 change counts from the last full run on), so a compaction that merges state files of many
@@ -50,6 +52,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from hybridtrace.analyze.incremental_scrapes import merge_scrapes, scope_scrapes
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
@@ -80,7 +83,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 8
+STATE_VERSION = 9
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -124,6 +127,8 @@ REPORT_STATE_VIEWS = {
     "_handoff_times": """
         SELECT engine_id, handoff_missing_tokens AS missing_tokens, critical_path_s, prefill_s, prefill_source
         FROM _merged_requests WHERE handoff AND critical_path_s IS NOT NULL AND prefill_s IS NOT NULL""",
+    # every scrape's interval, as the runs left them (incremental_scrapes.py)
+    "_prom_scrape_intervals": "SELECT * FROM _merged_scrapes",
 }
 # What IncrementalRun.last holds until the run has looked at the state.
 _NOT_LOOKED = object()
@@ -325,7 +330,10 @@ class IncrementalRun:
         self.seq = (last[0][0] + 1) if last else 1
         self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5] is None)
         con.execute(
-            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id FROM sources "
+            # whether a read wrote Prometheus samples (a store's older rows may not say: then it may)
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id, "
+            "coalesce(TRY_CAST(json_extract(rows, '$.prom_samples') AS BIGINT) > 0, rows IS NULL) AS scraped "
+            "FROM sources "
             f"WHERE batch_id NOT IN (SELECT DISTINCT * FROM ({_ANALYZED_BATCHES}))"
         )
         found = con.execute("SELECT DISTINCT batch_id FROM _new_sources").fetchall()
@@ -482,6 +490,15 @@ class IncrementalRun:
             self.compute_scope(fresh=not self.full and self.split)
         else:
             scope(self)
+        # new samples come from new reads that wrote some: without one, no scrape is computed
+        scraped = [i for (i,) in con.execute("SELECT source_id FROM _new_sources WHERE scraped").fetchall()]
+        if self.full or scraped:
+            self.counts["scrapes"] = scope_scrapes(
+                con, full=self.full, full_seq=full_seq,
+                new_sources=_listed(scraped, "(SELECT * FROM _new_sources WHERE scraped)", "source_id"),
+            )  # fmt: skip
+        else:
+            _no_scrapes(con)
         self.merge(full_seq)
         self._counts(full_seq)
         window_keep = (
@@ -566,6 +583,7 @@ class IncrementalRun:
         # sorts them only when all are asked for (analyze/__init__.py's Analysis)
         con.execute(f"CREATE OR REPLACE TEMP VIEW _merged_findings AS {stored_findings} "
                     "SELECT * FROM _scope_findings")  # fmt: skip
+        merge_scrapes(con, full=self.full, seq=self.seq, full_seq=full_seq)
 
     def _counts(self, full_seq: int) -> None:
         """``_run_counts`` (this run's change to the counts: its rollups' counts less those of
@@ -765,6 +783,8 @@ class IncrementalRun:
             # rules' intervals need no scan of every read's engine
             "_untraced_interval_bytes": "SELECT * FROM _interval_verdicts((SELECT "
                                         "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
+            # the scrapes' intervals from the state, not from every sample of the store
+            "_prom_scrape_intervals": REPORT_STATE_VIEWS["_prom_scrape_intervals"],
         }  # fmt: skip
         # _config_pairs reads of the reads and the records only the engine pairs they name:
         # those come from the counts, not from every read and record
@@ -839,7 +859,8 @@ class IncrementalRun:
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
-            "windows": self.counts.get("windows", 0), "ran_at": time.time(), "state_version": STATE_VERSION,
+            "windows": self.counts.get("windows", 0), "scrapes": self.counts.get("scrapes", 0),
+            "ran_at": time.time(), "state_version": STATE_VERSION,
             "code": _code(), "result": result,
         }])  # fmt: skip
         inputs = ", ".join(f"coalesce(i.{c}, 0) AS {c}" for c in _INPUT_COLUMNS.split(", "))
@@ -867,6 +888,12 @@ class IncrementalRun:
             ),
             "analysis_rank_windows": _arrow(con, f"SELECT {seq} AS seq, * FROM _scope_window_rows"),
             "analysis_counts": _arrow(con, f"SELECT {seq} AS seq, * FROM _run_counts"),
+            "analysis_scrapes": _arrow(
+                con, f"SELECT {seq} AS seq, * FROM _scope_scrapes ORDER BY day, instance, end_ts"
+            ),
+            "analysis_scrape_series": _arrow(
+                con, f"SELECT {seq} AS seq, * FROM _scope_scrape_series ORDER BY day, instance, metric"
+            ),
         }
         if self.result is not None:
             # every finding of the rules run over the whole store, with the day of its span
@@ -877,6 +904,14 @@ class IncrementalRun:
                 f"FROM ({self.result[2]}) ORDER BY day, engine_id, rule, {_COLUMNS}",
             )
         return tables
+
+
+def _no_scrapes(con: duckdb.DuckDBPyConnection) -> None:
+    """No scrape computed (no new read wrote samples): the scope's scrape tables, empty."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrapes LIMIT 0")  # fmt: skip
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrape_series AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrape_series LIMIT 0")  # fmt: skip
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
@@ -1252,6 +1287,7 @@ def answer_unchanged(run: IncrementalRun) -> tuple[dict, dict, str] | None:
     answering = IncrementalRun(con, run.store, full=False, seq=seq + 1)
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
     answering.reuse_scope()
+    _no_scrapes(con)
     answering.merge(_scalar(con, _LAST_FULL_RUN))
     answer = json.loads(result)
     findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"

@@ -89,7 +89,14 @@ def _scalar(con: duckdb.DuckDBPyConnection, sql: str) -> int:
 
 # The report's own views that several of its sections read (the link fits' lines are drawn
 # through their points), computed once.
-REPORT_OWN_VIEWS = ("_report_request_sums", "_report_share_reads", "report_link_fit_points")
+REPORT_OWN_VIEWS = (
+    "_report_request_sums",
+    # the requests the bytes chart draws: its reads and the cut to the drawn requests both
+    # read them, and each would rank every request again
+    "_report_requests",
+    "_report_share_reads",
+    "report_link_fit_points",
+)
 # What the report reads of the views the analysis shares, after an incremental analysis: the
 # rest (each request's byte sums, the handoffs' times) it reads from the analysis state, and
 # it sizes the reads of the few requests it draws only (``_drawn_requests_only``), so that a
@@ -162,10 +169,7 @@ def _gather(
     con: duckdb.DuckDBPyConnection, analysis: Analysis, store: str, *, drawn_only: bool
 ) -> ReportData:
     """Every section of the report, on views as ``collect`` arranged them."""
-    table = analysis.table
-    con.register(
-        _SLOW_RANKS, table.filter(pc.equal(table["kind"], "slow_rank")).select(["engine_id", "rank"])
-    )
+    con.register(_SLOW_RANKS, analysis.of_kind("slow_rank", ["engine_id", "rank"]))
     with ExitStack() as stack:
         stack.callback(con.unregister, _SLOW_RANKS)
         stack.enter_context(
@@ -273,32 +277,28 @@ def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
     The analysis sorts findings by severity first, so a kind's first rows are its most
     severe; every count is over all findings, not only the ones the page lists.
     """
-    table = analysis.table
-    if not table.num_rows:
-        return []
-    kind_names, kind_codes = _codes(table["kind"])
-    indices = _kind_rows(kind_names, kind_codes)
-    severity_names, severity_codes = _codes(table["severity"])
-    # (kind, severity) pairs as one integer, counted in the order each pair first comes
-    width = len(severity_names)
-    pairs = pc.add(pc.multiply(kind_codes.cast(pa.int64()), width), severity_codes.cast(pa.int64()))
     by_severity: dict[str, dict[str, int]] = {}
-    for pair, n in _counted(pairs):
-        kind, severity = kind_names[pair // width], severity_names[pair % width]
+    for kind, severity, n in analysis.kind_counts():
         by_severity.setdefault(kind, {})[severity] = n
+    if not by_severity:
+        return []
+    # each kind's first rows, in the analysis' order (not every finding sorted)
+    head = analysis.head_of_each_kind(examples)
+    indices = _kind_rows(*_codes(head["kind"]))
     kinds = [kind for kind in report_kinds(dict.fromkeys(indices, 1)) if kind in indices]
     # every kind's worst rows in one take (a take from a table of many chunks costs per call)
     first = pa.concat_arrays([indices[k][0][:examples] for k in kinds])
-    worst = Analysis(_rows_at(table, first), analysis.inputs)
+    worst = Analysis(_rows_at(head, first), analysis.inputs)
     rows = worst.rows()
     groups = []
     for kind in kinds:
         order = sorted(by_severity[kind].items(), key=lambda item: _SEVERITY_ORDER.get(item[0], 9))
         severity_counts = dict(order)
-        shown = min(examples, indices[kind][1])
+        count = sum(severity_counts.values())
+        shown = min(examples, count)
         groups.append({
             "kind": kind,
-            "count": indices[kind][1],
+            "count": count,
             "by_severity": severity_counts,
             "worst": rows[:shown],
         })  # fmt: skip
@@ -324,11 +324,15 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
     severities; each kind gets an equal part instead (a kind with fewer findings leaves its
     part to the others), and the rows keep the analysis' order.
     """
-    table = analysis.table
-    if table.num_rows <= limit:
+    if len(analysis) <= limit:
         return analysis.rows()
+    # each kind's first rows (as many as the page could show of it), in the analysis' order
+    table = analysis.head_of_each_kind(limit)
     indices = _kind_rows(*_codes(table["kind"]))
-    counts = {kind: count for kind, (_, count) in indices.items()}
+    totals: dict[str, int] = {}
+    for kind, _, n in analysis.kind_counts():
+        totals[kind] = totals.get(kind, 0) + n
+    counts = {kind: totals[kind] for kind in indices}
     quota = dict.fromkeys(counts, 0)
     left = limit
     while left > 0:
