@@ -317,14 +317,9 @@ WITH reads AS (
     JOIN _report_fit_groups g ON g.source = 'nixl' AND g.engine_id = n.engine_id AND g.rank = n.rank
     WHERE n.xfer_us > 0
 )
--- the 300 of lowest hash per fit kept as each fit's reads stream by, not every read sorted
-SELECT fit, p.bytes, p.xfer_ms, p.descriptors
-FROM (
-    SELECT fit, unnest(arg_min({'bytes': bytes, 'xfer_ms': xfer_ms, 'descriptors': descriptors, 'pick': pick},
-                               pick, 300)) AS p
-    FROM reads GROUP BY fit
-)
-ORDER BY fit, p.bytes, p.pick;
+SELECT fit, bytes, xfer_ms, descriptors FROM reads
+QUALIFY row_number() OVER (PARTITION BY fit ORDER BY pick) <= 300
+ORDER BY fit, bytes, pick;
 
 -- report_link_fit_lines: each rank fit's line, at no bytes and at the most bytes its reads
 -- moved: fixed + bytes / bandwidth, plus the descriptors those bytes take at the reads'

@@ -157,3 +157,22 @@ def test_a_run_without_new_samples_computes_no_scrape(sim, scrapes, tmp_path):
     )
     job.ingest()
     assert job.check()["scrapes"] == 0
+
+
+def test_new_reads_too_many_to_spell_out_are_read_from_their_table(sim, scrapes, tmp_path, monkeypatch):
+    # Past a few thousand new reads, the run names them by a subquery instead of a list: the
+    # late scrape, which reads the samples earlier runs saw, comes out the same.
+    from functools import partial
+
+    from hybridtrace.analyze import incremental
+
+    monkeypatch.setattr(incremental, "_listed", partial(incremental._listed, limit=0))
+    job = Scrapes(tmp_path, sim)
+    at = {k: T0 + k * 5 * HOUR for k in range(5)}
+    for k in (0, 1, 3, 4):
+        job.put(at[k], scrapes[k])
+    job.ingest()
+    job.check()
+    job.put(at[2], scrapes[2])
+    job.ingest()
+    assert job.check()["scrapes"] == 2

@@ -52,7 +52,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from hybridtrace.analyze.incremental_scrapes import merge_scrapes, scope_scrapes
+from hybridtrace.analyze.incremental_scrapes import merge_scrapes, no_scrapes, scope_scrapes
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, request_rules
 from hybridtrace.analyze.view_swap import swapped_views
 from hybridtrace.errors import UsageError
@@ -498,7 +498,7 @@ class IncrementalRun:
                 new_sources=_listed(scraped, "(SELECT * FROM _new_sources WHERE scraped)", "source_id"),
             )  # fmt: skip
         else:
-            _no_scrapes(con)
+            no_scrapes(con)
         self.merge(full_seq)
         self._counts(full_seq)
         window_keep = (
@@ -906,14 +906,6 @@ class IncrementalRun:
         return tables
 
 
-def _no_scrapes(con: duckdb.DuckDBPyConnection) -> None:
-    """No scrape computed (no new read wrote samples): the scope's scrape tables, empty."""
-    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
-                "SELECT * EXCLUDE (seq) FROM analysis_scrapes LIMIT 0")  # fmt: skip
-    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrape_series AS "
-                "SELECT * EXCLUDE (seq) FROM analysis_scrape_series LIMIT 0")  # fmt: skip
-
-
 def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     got = con.sql(sql).arrow()
     return got.read_all() if isinstance(got, pa.RecordBatchReader) else got
@@ -1287,7 +1279,7 @@ def answer_unchanged(run: IncrementalRun) -> tuple[dict, dict, str] | None:
     answering = IncrementalRun(con, run.store, full=False, seq=seq + 1)
     con.execute("CREATE OR REPLACE TEMP TABLE _scope_ids (request_id VARCHAR)")
     answering.reuse_scope()
-    _no_scrapes(con)
+    no_scrapes(con)
     answering.merge(_scalar(con, _LAST_FULL_RUN))
     answer = json.loads(result)
     findings = f"SELECT rule, {_COLUMNS} FROM analysis_run_findings WHERE seq = {seq}"

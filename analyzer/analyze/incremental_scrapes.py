@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import duckdb
 
-__all__ = ["SCRAPE_KEY", "merge_scrapes", "scope_scrapes"]
+__all__ = ["SCRAPE_KEY", "merge_scrapes", "no_scrapes", "scope_scrapes"]
 
 # A scrape, as _prom_scrape_intervals groups its samples.
 SCRAPE_KEY = ("instance", "target", "engine_label", "model_name", "end_ts")
@@ -65,11 +65,14 @@ def scope_scrapes(con: duckdb.DuckDBPyConnection, *, full: bool, full_seq: int, 
     )
     _series_of(con, "_new_samples")
     if not _scalar(con, "SELECT count(*) FROM _new_samples"):
-        con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
-                    "SELECT *, false AS recomputed FROM _prom_scrape_intervals LIMIT 0")  # fmt: skip
+        no_scrapes(con)
         return 0
     series = ", ".join(_SERIES)
-    old = f"NOT coalesce(source_id IN {new_sources}, true)"  # a sample an earlier run saw
+
+    def old(column: str) -> str:
+        """Whether a sample (its ``column``, a source id) is one an earlier run saw."""
+        return f"NOT coalesce({column} IN {new_sources}, true)"
+
     # the state's days of the new samples' instances, from the day before the earliest new one
     # on: each series' first and last sample of the day, as the runs since the full one saw them
     # (days before that are read only for a predecessor these do not hold, below)
@@ -104,7 +107,7 @@ def scope_scrapes(con: duckdb.DuckDBPyConnection, *, full: bool, full_seq: int, 
             UNION ALL
             SELECT q.instance, min(p.ts) FROM ({inside}) q
             JOIN prom_samples p ON {_same(_SERIES, 'p', 'q')} AND p.day = q.day AND p.ts > q.x
-            WHERE p.day IN {_days(con, inside)} AND {old.replace('source_id', 'p.source_id')}
+            WHERE p.day IN {_days(con, inside)} AND {old('p.source_id')}
             GROUP BY q.instance, q.metric, q.labels, q.le, q.x"""
     # the scrape times to compute, per instance: the new samples', and their next older ones'
     con.execute(
@@ -129,9 +132,9 @@ def scope_scrapes(con: duckdb.DuckDBPyConnection, *, full: bool, full_seq: int, 
             UNION ALL BY NAME
             SELECT p.* FROM prom_samples p
             SEMI JOIN ({seen}) t ON t.instance IS NOT DISTINCT FROM p.instance AND t.ts = p.ts
-            WHERE p.day IN {_days(con, seen)} AND {old.replace('source_id', 'p.source_id')}"""
+            WHERE p.day IN {_days(con, seen)} AND {old('p.source_id')}"""
     con.execute(f"CREATE OR REPLACE TEMP TABLE _scrape_cut AS SELECT * FROM _new_samples {old_at_times}")
-    _predecessors(con, series, old, window, full_seq)
+    _predecessors(con, series, old('p.source_id'), window, full_seq)
     # the scrapes at those times, from their samples and the predecessors (the view's window
     # gives each sample the one before it among these rows, which is its predecessor in the store)
     from hybridtrace.analyze.view_swap import swapped_views
@@ -153,11 +156,12 @@ def scope_scrapes(con: duckdb.DuckDBPyConnection, *, full: bool, full_seq: int, 
 
 
 def _predecessors(
-    con: duckdb.DuckDBPyConnection, series: str, old: str, window: object, full_seq: int
+    con: duckdb.DuckDBPyConnection, series: str, seen: str, window: object, full_seq: int
 ) -> None:
     """``_scrape_before``: for each sample of ``_scrape_cut``, the latest sample an earlier run
     saw of its series before it, unless the cut holds that one already (a new sample's
-    predecessor among the new ones is in the cut too)."""
+    predecessor among the new ones is in the cut too). ``seen`` tells such a sample of
+    prom_samples (``p``) from a new one."""
     # the latest day of the window whose first sample is before it: that day's last sample,
     # unless the cut's sample falls inside the day's span (then read from that day's files)
     con.execute(
@@ -179,7 +183,7 @@ def _predecessors(
             SELECT q.instance, q.metric, q.labels, q.le, max(p.ts), arg_max(p.value, p.ts)
             FROM ({inside}) q
             JOIN prom_samples p ON {_same(_SERIES, 'p', 'q')} AND p.day = q.day AND p.ts < q.t
-            WHERE p.day IN {_days(con, inside)} AND {old.replace('source_id', 'p.source_id')}
+            WHERE p.day IN {_days(con, inside)} AND {seen}
             GROUP BY q.instance, q.metric, q.labels, q.le, q.t"""
         )
     # a series the window holds nothing of before the sample: its last sample of the days
@@ -191,16 +195,9 @@ def _predecessors(
         found.append(
             f"""
             SELECT o.instance, o.metric, o.labels, o.le, max(o.last_ts), arg_max(o.last_value, o.last_ts)
-            FROM _older_days o SEMI JOIN ({earlier}) e ON {_same(_SERIES, 'o', 'e')}
+            FROM analysis_scrape_series o SEMI JOIN ({earlier}) e ON {_same(_SERIES, 'o', 'e')}
+            WHERE o.seq >= {full_seq} AND o.day < DATE '{window}'
             GROUP BY o.instance, o.metric, o.labels, o.le"""
-        )
-        con.execute(
-            f"""
-            CREATE OR REPLACE TEMP VIEW _older_days AS
-            SELECT {series}, last_ts, last_value FROM analysis_scrape_series
-            WHERE seq >= {full_seq} AND day < DATE '{window}'
-              AND instance IN (SELECT DISTINCT instance FROM _new_samples)
-            """
         )
     con.execute(
         f"""
@@ -210,6 +207,14 @@ def _predecessors(
         ANTI JOIN _scrape_cut c ON {_same(_SERIES, 'c', 'b')} AND c.ts = b.ts
         """
     )
+
+
+def no_scrapes(con: duckdb.DuckDBPyConnection) -> None:
+    """No scrape computed (no new read wrote samples): the scope's scrape tables, empty."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrapes AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrapes LIMIT 0")  # fmt: skip
+    con.execute("CREATE OR REPLACE TEMP TABLE _scope_scrape_series AS "
+                "SELECT * EXCLUDE (seq) FROM analysis_scrape_series LIMIT 0")  # fmt: skip
 
 
 def _series_of(con: duckdb.DuckDBPyConnection, samples: str) -> None:

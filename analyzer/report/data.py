@@ -19,7 +19,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hybridtrace.analyze import HELD_SOURCES, SHARED_VIEWS, Analysis, analyze, materialized
+from hybridtrace.analyze import (
+    HELD_SOURCES,
+    SHARED_VIEWS,
+    Analysis,
+    analyze,
+    kind_rows,
+    materialized,
+    rows_at,
+)
 from hybridtrace.analyze.incremental import cut_to_requests
 from hybridtrace.analyze.rules import report_kinds
 from hybridtrace.analyze.view_swap import swapped_views
@@ -244,33 +252,6 @@ def _sections(
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[list, pa.Array]:
-    """A column as dictionary codes: its distinct values, and each row's index into them."""
-    encoded = pc.dictionary_encode(column).combine_chunks()
-    return encoded.dictionary.to_pylist(), encoded.indices
-
-
-def _counted(values: pa.Array) -> list[tuple]:
-    """Each distinct value and how many times it comes, in the order it first comes."""
-    found = pc.value_counts(values)
-    return list(zip(found.field("values").to_pylist(), found.field("counts").to_pylist(), strict=True))
-
-
-def _rows_at(table: pa.Table, indices: pa.Array) -> pa.Table:
-    """The rows of ``table`` at ``indices`` (a few hundred): sliced one by one, since a take
-    from a table of many chunks joins every chunk of every column first."""
-    picked = [table.slice(i, 1) for i in indices.to_pylist()]
-    return pa.concat_tables(picked).combine_chunks() if picked else table.slice(0, 0)
-
-
-def _kind_rows(names: list, codes: pa.Array) -> dict[str, tuple[pa.Array, int]]:
-    """Each kind (``_codes`` of the kind column) in the order its first finding comes: the row
-    indices of its findings (in table order) and how many there are. Vectorized, on
-    dictionary codes: a report lists a few rows of hundreds of thousands."""
-    counted = _counted(codes)
-    return {names[code]: (pc.indices_nonzero(pc.equal(codes, code)), count) for code, count in counted}
-
-
 def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
     """Every kind found: how many findings, how many of each severity, and its ``examples`` worst.
 
@@ -284,11 +265,11 @@ def kind_groups(analysis: Analysis, examples: int) -> list[dict]:
         return []
     # each kind's first rows, in the analysis' order (not every finding sorted)
     head = analysis.head_of_each_kind(examples)
-    indices = _kind_rows(*_codes(head["kind"]))
+    indices = kind_rows(head)
     kinds = [kind for kind in report_kinds(dict.fromkeys(indices, 1)) if kind in indices]
     # every kind's worst rows in one take (a take from a table of many chunks costs per call)
     first = pa.concat_arrays([indices[k][0][:examples] for k in kinds])
-    worst = Analysis(_rows_at(head, first), analysis.inputs)
+    worst = Analysis(rows_at(head, first), analysis.inputs)
     rows = worst.rows()
     groups = []
     for kind in kinds:
@@ -328,7 +309,7 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
         return analysis.rows()
     # each kind's first rows (as many as the page could show of it), in the analysis' order
     table = analysis.head_of_each_kind(limit)
-    indices = _kind_rows(*_codes(table["kind"]))
+    indices = kind_rows(table)
     totals: dict[str, int] = {}
     for kind, _, n in analysis.kind_counts():
         totals[kind] = totals.get(kind, 0) + n
@@ -346,4 +327,4 @@ def shown_findings(analysis: Analysis, limit: int) -> list[dict]:
                 break
     # each kind's first rows, back in the analysis' order
     chosen = pa.concat_arrays([indices[kind][0][:n] for kind, n in quota.items()])
-    return Analysis(_rows_at(table, pc.take(chosen, pc.array_sort_indices(chosen))), analysis.inputs).rows()
+    return Analysis(rows_at(table, pc.take(chosen, pc.array_sort_indices(chosen))), analysis.inputs).rows()
