@@ -287,6 +287,43 @@ def test_iceberg_right_after_a_compaction(tmp_path, monkeypatch):
 
 
 @needs_iceberg
+def test_iceberg_commits_check_one_manifest_at_a_time(tmp_path, monkeypatch):
+    """pyiceberg checks an overwrite's manifests on a thread pool with one evaluator object,
+    which holds the manifest under evaluation as an attribute: two checks at once can judge a
+    manifest by the other's partition bounds, skip one that holds a file to delete, and fail
+    the commit ("Missing required files to delete", seen under load after a compaction). Each
+    check here lasts a few milliseconds; none of the mirror's may overlap another."""
+    import threading
+
+    from pyiceberg.expressions import visitors
+
+    plain = visitors._ManifestEvalVisitor.eval
+    guard, running, most = threading.Lock(), [0], [0]
+
+    def timed_eval(self, manifest):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.003)
+            return plain(self, manifest)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", timed_eval)
+    root = _enabled_store(tmp_path)
+    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)
+    monkeypatch.setattr(commit, "COMPACT_MIN_BATCHES", 1_000)
+    ingest([_bundle(tmp_path, 1, "b")], root)
+    before = assert_exact(root)
+    with Store(root).writer_lock():
+        assert Store(root).compact(min_batches=2) > 1
+    assert assert_exact(root) == before
+    assert most[0] == 1
+
+
+@needs_iceberg
 def test_iceberg_after_an_ingest_killed_before_its_commit(tmp_path):
     root = _enabled_store(tmp_path)
     ingest([_bundle(tmp_path, 1, "b")], root)
