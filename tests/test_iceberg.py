@@ -270,15 +270,21 @@ def test_iceberg_counts_exactly_the_committed_rows_after_ingest(tmp_path):
     assert (root / "_iceberg" / "tables.json").exists()
 
 
-@needs_iceberg
-def test_iceberg_right_after_a_compaction(tmp_path, monkeypatch):
+def _compacted(tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, int]]:
+    """A store of one batch an object, exact, then compacted; (its root, the counts before)."""
     root = _enabled_store(tmp_path)
-    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)  # one batch an object
+    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)
     monkeypatch.setattr(commit, "COMPACT_MIN_BATCHES", 1_000)
     ingest([_bundle(tmp_path, 1, "b")], root)
     before = assert_exact(root)
     with Store(root).writer_lock():
         assert Store(root).compact(min_batches=2) > 1
+    return root, before
+
+
+@needs_iceberg
+def test_iceberg_right_after_a_compaction(tmp_path, monkeypatch):
+    root, before = _compacted(tmp_path, monkeypatch)
     assert view_counts(root) == before
     assert assert_exact(root) == before
     # the superseded files are still there, and a plain reader counts them twice
@@ -312,13 +318,7 @@ def test_iceberg_commits_check_one_manifest_at_a_time(tmp_path, monkeypatch):
                 running[0] -= 1
 
     monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", timed_eval)
-    root = _enabled_store(tmp_path)
-    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)
-    monkeypatch.setattr(commit, "COMPACT_MIN_BATCHES", 1_000)
-    ingest([_bundle(tmp_path, 1, "b")], root)
-    before = assert_exact(root)
-    with Store(root).writer_lock():
-        assert Store(root).compact(min_batches=2) > 1
+    root, before = _compacted(tmp_path, monkeypatch)
     assert assert_exact(root) == before
     assert most[0] == 1
 
