@@ -270,20 +270,57 @@ def test_iceberg_counts_exactly_the_committed_rows_after_ingest(tmp_path):
     assert (root / "_iceberg" / "tables.json").exists()
 
 
-@needs_iceberg
-def test_iceberg_right_after_a_compaction(tmp_path, monkeypatch):
+def _compacted(tmp_path: Path, monkeypatch) -> tuple[Path, dict[str, int]]:
+    """A store of one batch an object, exact, then compacted; (its root, the counts before)."""
     root = _enabled_store(tmp_path)
-    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)  # one batch an object
+    monkeypatch.setattr(ingest_run, "BATCH_OBJECTS", 1)
     monkeypatch.setattr(commit, "COMPACT_MIN_BATCHES", 1_000)
     ingest([_bundle(tmp_path, 1, "b")], root)
     before = assert_exact(root)
     with Store(root).writer_lock():
         assert Store(root).compact(min_batches=2) > 1
+    return root, before
+
+
+@needs_iceberg
+def test_iceberg_right_after_a_compaction(tmp_path, monkeypatch):
+    root, before = _compacted(tmp_path, monkeypatch)
     assert view_counts(root) == before
     assert assert_exact(root) == before
     # the superseded files are still there, and a plain reader counts them twice
     plain = folder_counts(root)
     assert plain["transfers"] > before["transfers"] and plain["sources"] > before["sources"]
+
+
+@needs_iceberg
+def test_iceberg_commits_check_one_manifest_at_a_time(tmp_path, monkeypatch):
+    """pyiceberg checks an overwrite's manifests on a thread pool with one evaluator object,
+    which holds the manifest under evaluation as an attribute: two checks at once can judge a
+    manifest by the other's partition bounds, skip one that holds a file to delete, and fail
+    the commit ("Missing required files to delete", seen under load after a compaction). Each
+    check here lasts a few milliseconds; none of the mirror's may overlap another."""
+    import threading
+
+    from pyiceberg.expressions import visitors
+
+    plain = visitors._ManifestEvalVisitor.eval
+    guard, running, most = threading.Lock(), [0], [0]
+
+    def timed_eval(self, manifest):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.003)
+            return plain(self, manifest)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(visitors._ManifestEvalVisitor, "eval", timed_eval)
+    root, before = _compacted(tmp_path, monkeypatch)
+    assert assert_exact(root) == before
+    assert most[0] == 1
 
 
 @needs_iceberg

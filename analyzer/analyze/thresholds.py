@@ -120,11 +120,16 @@ def load(path: str | Path | None = None) -> dict[str, float]:
 def install(con: duckdb.DuckDBPyConnection, values: dict[str, float] | None = None) -> None:
     """(Re)create the ``_thresholds`` table, and the ``_t`` macro the rules read it through.
 
-    ``_t`` is redefined to hold the values as literals (``_macros.sql`` defines it as a
-    look-up of the table, for a connection without them). A look-up is a subquery that every
-    use binds and plans again, about a millisecond each: dozens of uses per statement made
-    planning most of an incremental run's cost. A literal is folded into a constant, and a
-    filter on it reaches the Parquet scans.
+    ``_t`` is redefined to read each value from a variable of this connection
+    (``hybridtrace_t_<name>``), which DuckDB resolves to a constant as it binds; ``_macros.sql``
+    defines it as a look-up of the table, for a connection without them. A look-up is a
+    subquery that every use binds and plans again, about a millisecond each; a ``CASE`` over
+    every name, the form before this one, is an expression of every value that each use binds
+    and folds again (0.25 ms a use, and the rules hold dozens). A constant, as both are in the
+    end, is what lets a filter on a threshold reach the Parquet scans.
+
+    The variables belong to this connection (a cursor of it would read nulls through the macro):
+    an analysis runs on the one connection this installs them on.
     """
     values = values or DEFAULTS
     rows = [(k, float(v)) for k, v in values.items()]
@@ -135,5 +140,10 @@ def install(con: duckdb.DuckDBPyConnection, values: dict[str, float] | None = No
         [[k for k, _ in rows], [v for _, v in rows]],
     )
     # the names are THRESHOLDS' own (load refuses any other), so they need no quoting
-    cases = " ".join(f"WHEN '{k}' THEN CAST('{v!r}' AS DOUBLE)" for k, v in rows)
-    con.execute(f"CREATE OR REPLACE MACRO _t(n) AS CASE n {cases} END")
+    for name, value in rows:
+        con.execute(f"SET VARIABLE {_VARIABLE}{name} = CAST('{value!r}' AS DOUBLE)")
+    con.execute(f"CREATE OR REPLACE MACRO _t(n) AS getvariable('{_VARIABLE}' || n)")
+
+
+# The prefix of the connection variables ``install`` sets, one a threshold.
+_VARIABLE = "hybridtrace_t_"

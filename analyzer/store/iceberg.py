@@ -271,13 +271,38 @@ def _commit(table: Table, wanted: list[str], digest: str) -> tuple[int, int]:
     add = sorted(set(wanted) - set(current))
     remove = [current[path] for path in sorted(set(current) - set(wanted))]
     summary = {_DIGEST: digest}
-    with table.transaction() as tx, tx.update_snapshot(snapshot_properties=summary).overwrite() as update:
-        for data_file in remove:
-            update.delete_data_file(data_file)
-        for data_file in _parquet_files_to_data_files(tx.table_metadata, add, table.io):
-            update.append_data_file(data_file)
-    _expire(table)
+    with _one_thread():
+        with table.transaction() as tx, tx.update_snapshot(snapshot_properties=summary).overwrite() as update:
+            for data_file in remove:
+                update.delete_data_file(data_file)
+            for data_file in _parquet_files_to_data_files(tx.table_metadata, add, table.io):
+                update.append_data_file(data_file)
+        _expire(table)
     return len(add), len(remove)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """pyiceberg's shared thread pool replaced by a one-thread pool for the duration.
+
+    An overwrite picks the manifests that may hold the files it deletes with one evaluator
+    object per partition spec, shared by the pool's threads, and that object keeps the
+    manifest it is evaluating as an attribute: two threads at once can judge a manifest by the
+    other's partition bounds, skip it, and fail the commit with "Missing required files to
+    delete" (pyiceberg 0.12; seen under load, tests/test_iceberg.py forces the interleaving).
+    Our tables' manifests are few and small: read one after the other, they cost nothing.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    saved = ExecutorFactory._instance, ExecutorFactory._instance_pid
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-iceberg") as pool:
+        ExecutorFactory._instance, ExecutorFactory._instance_pid = pool, os.getpid()
+        try:
+            yield
+        finally:
+            ExecutorFactory._instance, ExecutorFactory._instance_pid = saved
 
 
 def _expire(table: Table) -> None:
