@@ -289,20 +289,27 @@ def _one_thread() -> Iterator[None]:
     object per partition spec, shared by the pool's threads, and that object keeps the
     manifest it is evaluating as an attribute: two threads at once can judge a manifest by the
     other's partition bounds, skip it, and fail the commit with "Missing required files to
-    delete" (pyiceberg 0.12; seen under load, tests/test_iceberg.py forces the interleaving).
-    Our tables' manifests are few and small: read one after the other, they cost nothing.
+    delete" (pyiceberg 0.12; seen under load; tests/test_iceberg.py checks that no two checks
+    of the mirror's commits overlap). Our tables' manifests are few and small: read one after
+    the other, they cost nothing.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from pyiceberg.utils.concurrent import ExecutorFactory
 
-    saved = ExecutorFactory._instance, ExecutorFactory._instance_pid
+    # the pool, and in the releases that keep it, the process it was made in (a pool of
+    # another process is made anew)
+    saved = {name: getattr(ExecutorFactory, name) for name in ("_instance", "_instance_pid")
+             if hasattr(ExecutorFactory, name)}  # fmt: skip
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridtrace-iceberg") as pool:
-        ExecutorFactory._instance, ExecutorFactory._instance_pid = pool, os.getpid()
+        ExecutorFactory._instance = pool
+        if "_instance_pid" in saved:
+            ExecutorFactory._instance_pid = os.getpid()
         try:
             yield
         finally:
-            ExecutorFactory._instance, ExecutorFactory._instance_pid = saved
+            for name, value in saved.items():
+                setattr(ExecutorFactory, name, value)
 
 
 def _expire(table: Table) -> None:
