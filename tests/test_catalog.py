@@ -147,6 +147,19 @@ def test_derived_tables_kept_are_the_most_recently_used_of_each_kind(where, monk
     assert again.equals(table)
 
 
+def test_a_directory_that_cannot_take_a_connection_file_leaves_it_in_memory(where, demo_store, monkeypatch):
+    expected = _rows(open_analysis(demo_store))
+
+    def full(self):
+        raise duckdb.IOException("IO Error: could not write file: No space left on device")
+
+    monkeypatch.setattr(catalog.CatalogConnection, "_open", full)
+    con = open_analysis(demo_store)
+    in_memory = "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    assert con.execute(in_memory).fetchone() == (None,)
+    assert _rows(con) == expected
+
+
 def test_a_directory_others_can_write_to_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(catalog, "Path", _no_shm(catalog.Path))

@@ -200,14 +200,15 @@ def _prune_derived(kept: Path, kind: str) -> None:
 class CatalogConnection:
     """A connection on a file of its own, and what its template says (``from_template``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_memory: bool = False) -> None:
+        """``in_memory``: no file, no template (as where there is no directory to keep them)."""
         import duckdb
 
         self.template: Path | None = None
         self.path: Path | None = None
         self.from_template = False
         self.base: list[tuple] = []  # the template's base objects, as _OBJECTS lists them
-        where = _directory()
+        where = None if in_memory else _directory()
         if where is None:
             self.con = duckdb.connect(":memory:")
             return
