@@ -108,6 +108,58 @@ def test_files_of_processes_that_are_gone_are_removed(where):
     assert not gone.exists() and not half.exists() and ours.exists()
 
 
+def test_derived_tables_older_versions_kept_beside_the_connections_go_on_sight(where):
+    flat = where / f"linkfits-{'a' * 32}.arrow"
+    flat.write_bytes(b"")
+    template = where / "catalog-0000.duckdb"
+    template.write_bytes(b"")
+    catalog._sweep(where)
+    assert not flat.exists() and template.exists()
+
+
+def test_derived_tables_kept_are_the_most_recently_used_of_each_kind(where, monkeypatch):
+    import pyarrow as pa
+
+    monkeypatch.setattr(catalog, "DERIVED_KEPT", 4)
+    folder = catalog._derived_directory()
+    assert folder == where / "derived"
+    stamp = os.path.getmtime(folder) - 3600
+    older = []
+    for i in range(6):  # used one minute apart, the last one most recently
+        path = folder / f"linkfits-{i:032x}.arrow"
+        path.write_bytes(b"")
+        os.utime(path, (stamp + 60 * i, stamp + 60 * i))
+        older.append(path)
+    other_kind = folder / f"repeats-{0:032x}.arrow"
+    other_kind.write_bytes(b"")
+    os.utime(other_kind, (stamp, stamp))
+    half = folder / "partial-999999999-feed.arrow"  # a write cut short by a process now gone
+    half.write_bytes(b"")
+    table = catalog.derived_table("linkfits", None, "new code", lambda: pa.table({"x": [1]}), of_views=False)
+    assert table.column("x").to_pylist() == [1]
+    kept = sorted(p.name for p in folder.glob("linkfits-*.arrow"))
+    # the new one and the three used last of the others; the other kind and its age untouched
+    assert len(kept) == 4 and {p.name for p in older[3:]} <= set(kept)
+    assert other_kind.exists() and not half.exists()
+    # read back, not computed, by the next connection on the same data
+    again = catalog.derived_table("linkfits", None, "new code", lambda: pytest.fail("computed again"),
+                                  of_views=False)  # fmt: skip
+    assert again.equals(table)
+
+
+def test_a_directory_that_cannot_take_a_connection_file_leaves_it_in_memory(where, demo_store, monkeypatch):
+    expected = _rows(open_analysis(demo_store))
+
+    def full(self):
+        raise duckdb.IOException("IO Error: could not write file: No space left on device")
+
+    monkeypatch.setattr(catalog.CatalogConnection, "_open", full)
+    con = open_analysis(demo_store)
+    in_memory = "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    assert con.execute(in_memory).fetchone() == (None,)
+    assert _rows(con) == expected
+
+
 def test_a_directory_others_can_write_to_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(catalog, "Path", _no_shm(catalog.Path))
@@ -151,7 +203,7 @@ def test_link_fits_are_fitted_once_per_state_of_the_data(where, tmp_path, demo_s
     store = tmp_path / "store"
     shutil.copytree(demo_store, store)
     fitted = _fits(open_analysis(store))
-    assert fitted and len(list(where.glob("linkfits-*.arrow"))) == 1
+    assert fitted and len(list((where / "derived").glob("linkfits-*.arrow"))) == 1
     # the same files: the next connection reads the fits back, and they are the same
     fit = link_fit.link_fits_frame
     monkeypatch.setattr(link_fit, "link_fits_frame", lambda con: pytest.fail("fitted again"))
@@ -160,7 +212,7 @@ def test_link_fits_are_fitted_once_per_state_of_the_data(where, tmp_path, demo_s
     analyze(open_analysis(store), incremental=True)
     assert _fits(open_analysis(store)) == fitted
     # a kept table that cannot be read is fitted again, and kept anew
-    [kept] = where.glob("linkfits-*.arrow")
+    [kept] = (where / "derived").glob("linkfits-*.arrow")
     kept.write_bytes(b"not arrow")
     monkeypatch.setattr(link_fit, "link_fits_frame", fit)
     assert _fits(open_analysis(store)) == fitted
@@ -169,6 +221,6 @@ def test_link_fits_are_fitted_once_per_state_of_the_data(where, tmp_path, demo_s
     simulate(SimOptions(seed=11, duration_s=10), tmp_path / "more")
     ingest([tmp_path / "more"], store)
     grown = open_analysis(store)
-    assert _fits(grown) != fitted and len(list(where.glob("linkfits-*.arrow"))) == 2
+    assert _fits(grown) != fitted and len(list((where / "derived").glob("linkfits-*.arrow"))) == 2
     monkeypatch.setattr(catalog, "_directory", lambda: None)  # nothing kept: fitted here
     assert _fits(open_analysis(store)) == _fits(grown)

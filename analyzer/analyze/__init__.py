@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hybridtrace.analyze.rules import CONTRACT_KINDS as KINDS
 from hybridtrace.analyze.rules import FINDING_COLUMN_NAMES, RULES, RULES_BY_NAME, VERIFY_KINDS
@@ -168,6 +167,8 @@ def kind_rows(table: pa.Table) -> dict[str, tuple[pa.Array, int]]:
     """Each kind of a findings table in the order its first finding comes: the row indices of
     its findings (in table order) and how many there are. Vectorized, on dictionary codes: a
     page lists a few rows of hundreds of thousands."""
+    import pyarrow.compute as pc
+
     encoded = pc.dictionary_encode(table["kind"]).combine_chunks()
     names, codes = encoded.dictionary.to_pylist(), encoded.indices
     found = pc.value_counts(codes)  # in the order each code first comes
@@ -276,6 +277,8 @@ class Analysis:
 
     def of_kind(self, kind: str, columns: list[str]) -> pa.Table:
         """``columns`` of the findings of ``kind``, in no order."""
+        import pyarrow.compute as pc
+
         if self._table is not None:
             return self._table.filter(pc.equal(self._table["kind"], kind)).select(columns)
         con, name = self._source  # type: ignore[misc]

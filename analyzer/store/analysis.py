@@ -58,13 +58,27 @@ def analysis_connection(
     """Raw views, ``engine_models`` and (with ``views``) thresholds, ``queries/``, link fits on ``store``."""
     if not views:
         return _base(store, False, None)
+    import duckdb
+
+    try:
+        return _catalog_connection(store, thresholds, in_memory=False)
+    except (OSError, duckdb.IOException):
+        # the connection's own file could not be written (its directory full, as a container's
+        # small /dev/shm can be): the same connection in memory, its views bound here. An error
+        # of the store's own files is raised again by this one.
+        return _catalog_connection(store, thresholds, in_memory=True)
+
+
+def _catalog_connection(
+    store: Store, thresholds: dict[str, float] | None, *, in_memory: bool
+) -> duckdb.DuckDBPyConnection:
     from hybridtrace.analyze.link_fit import refresh_link_fits, stored_link_fits
     from hybridtrace.queries_loader import install_views, sql_modules
     from hybridtrace.store.catalog import CatalogConnection, base_objects
 
     # the views of queries/ come bound already from the template when the store's base
     # objects are the ones they were bound over (catalog.py); else they are installed here
-    opened = CatalogConnection()
+    opened = CatalogConnection(in_memory=in_memory)
     if opened.from_template:
         query_names = opened.query_names()
         opened.clear_base()

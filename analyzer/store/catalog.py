@@ -21,9 +21,11 @@ exits, files of processes that are gone are removed by the next one, and a templ
 connection used for a week goes when another is saved. Where there is no such
 directory, connections are in memory, as before.
 
-The same directory keeps what opening a store computes from its data (the link fits,
-``derived_table``), one file per state of the data: a connection on files an earlier one
-read reads the result back instead of computing it again.
+A folder of it (``derived/``) keeps what opening a store computes from its data (the link
+fits, ``derived_table``), one file per state of the data: a connection on files an earlier
+one read reads the result back instead of computing it again. A scheduled job on a growing
+store leaves one such file per kind and run; the ``DERIVED_KEPT`` of each kind used last
+stay, and no connection lists them (only a write of one does).
 """
 
 from __future__ import annotations
@@ -76,6 +78,19 @@ def _directory() -> Path | None:
     return where
 
 
+def _derived_directory() -> Path | None:
+    """The folder of the derived tables, in the user's directory (None: none can be had)."""
+    where = _directory()
+    if where is None:
+        return None
+    folder = where / "derived"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return folder
+
+
 @functools.cache
 def _key() -> str:
     """What the template's views depend on: DuckDB's version, the SQL of ``queries/`` and the
@@ -113,23 +128,39 @@ def _remove_all() -> None:
         _remove(path)
 
 
+# Derived tables kept per kind: the most recently used. A scheduled job every five minutes on
+# a growing store writes one link fit a run; a connection looks up only the one of its data.
+DERIVED_KEPT = 64
+# Where derived tables were kept before they had a folder of their own: removed on sight.
+_FLAT_DERIVED = re.compile(r"(linkfits|repeats)-[0-9a-f]{32}\.arrow")
+
+
+def _gone(name: str) -> bool:
+    """Whether ``name`` is a connection file or a file half written (``<kind>-<pid>-...``) of
+    a process of this user's that no longer runs."""
+    parts = name.split("-")
+    if parts[0] not in ("conn", "partial") or len(parts) < 2 or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # running, as another user: not ours to judge
+    return False
+
+
 def _sweep(where: Path) -> None:
-    """Remove the connection files (and templates half written) of processes no longer running."""
-    with contextlib.suppress(OSError):
-        for entry in where.iterdir():
-            parts = entry.name.split("-")
-            if parts[0] not in ("conn", "partial") or len(parts) < 2 or not parts[1].isdigit():
-                continue
-            pid = int(parts[1])
-            if pid == os.getpid():
-                continue
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+    """Remove the connection files (and templates half written) of processes no longer running,
+    and derived tables an older hybridtrace kept beside them (see ``DERIVED_KEPT``)."""
+    with contextlib.suppress(OSError), os.scandir(where) as entries:
+        for entry in entries:
+            if _gone(entry.name) or _FLAT_DERIVED.fullmatch(entry.name):
                 with contextlib.suppress(OSError):
-                    entry.unlink()
-            except OSError:
-                pass  # running, as another user: not ours to judge
+                    os.unlink(entry.path)
 
 
 def _prune(kept: Path, unused_s: float = 7 * 86400, pattern: str = "catalog-*.duckdb") -> None:
@@ -144,17 +175,40 @@ def _prune(kept: Path, unused_s: float = 7 * 86400, pattern: str = "catalog-*.du
                     entry.unlink()
 
 
+def _prune_derived(kept: Path, kind: str) -> None:
+    """Keep the ``DERIVED_KEPT`` tables of ``kind`` used last (``kept`` among them), and none
+    unused for a week; remove the files half written by processes that are gone."""
+    import time
+
+    used: list[tuple[float, str]] = []
+    with contextlib.suppress(OSError), os.scandir(kept.parent) as entries:
+        for entry in entries:
+            if _gone(entry.name):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            elif entry.name.startswith(f"{kind}-") and entry.path != str(kept):
+                with contextlib.suppress(OSError):
+                    used.append((entry.stat().st_mtime, entry.path))
+    used.sort(reverse=True)
+    week_ago = time.time() - 7 * 86400
+    for rank, (mtime, path) in enumerate(used, start=1):
+        if rank >= DERIVED_KEPT or mtime < week_ago:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 class CatalogConnection:
     """A connection on a file of its own, and what its template says (``from_template``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_memory: bool = False) -> None:
+        """``in_memory``: no file, no template (as where there is no directory to keep them)."""
         import duckdb
 
         self.template: Path | None = None
         self.path: Path | None = None
         self.from_template = False
         self.base: list[tuple] = []  # the template's base objects, as _OBJECTS lists them
-        where = _directory()
+        where = None if in_memory else _directory()
         if where is None:
             self.con = duckdb.connect(":memory:")
             return
@@ -246,7 +300,7 @@ _ARROW_SOURCE = re.compile(r"__duckdb_source_\w+")
 def _derived_path(
     kind: str, con: duckdb.DuckDBPyConnection, code: str, *, of_views: bool = True
 ) -> Path | None:
-    where = _directory()
+    where = _derived_directory()
     if where is None:
         return None
     if not of_views:  # ``code`` names every file the result reads
@@ -310,7 +364,7 @@ def derived_table(
             with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
             os.replace(partial, path)
-            _prune(path, pattern=f"{kind}-*.arrow")
+            _prune_derived(path, kind)
         except (OSError, pa.ArrowException):
             with contextlib.suppress(OSError):
                 partial.unlink()

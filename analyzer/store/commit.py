@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hybridtrace.errors import UsageError
 from hybridtrace.schema import SCHEMA_VERSION, TABLES, TableSchema, table_schema
@@ -441,6 +440,8 @@ class Store:
 
 def partitions(schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]]:
     """(directory relative to the root, rows) per partition of ``data``."""
+    import pyarrow.compute as pc
+
     if not schema.partition:
         return [(schema.name, data)]
     single = _one_partition(data, schema.partition)
@@ -466,6 +467,8 @@ def partitions(schema: TableSchema, data: pa.Table) -> list[tuple[str, pa.Table]
 def _rows_of(data: pa.Table, mask: pa.ChunkedArray) -> pa.Table:
     """The rows of ``data`` where ``mask`` holds: a slice (no copy) when they are one run, as
     in a table sorted by its partition columns first; else a filtered copy."""
+    import pyarrow.compute as pc
+
     where = pc.indices_nonzero(mask)
     if len(where) and where[-1].as_py() - where[0].as_py() + 1 == len(where):
         return data.slice(where[0].as_py(), len(where))
@@ -478,6 +481,8 @@ def _one_partition(data: pa.Table, columns: tuple[str, ...]) -> dict | None:
     A batch usually holds one day of one engine: two bounds per column tell so at a small
     part of the cost of grouping every row.
     """
+    import pyarrow.compute as pc
+
     if not data.num_rows:
         return None
     combo: dict = {}

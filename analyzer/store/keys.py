@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from hybridtrace.schema import TableSchema, table_schema
 from hybridtrace.store.commit import canonical_directory, partitions
@@ -30,6 +29,8 @@ def range_column(schema: TableSchema) -> str | None:
 
 def key_range(data: pa.Table, column: str) -> tuple[object, object, bool]:
     """(lowest, highest, any null) of ``column`` in ``data``; both bounds None when all are null."""
+    import pyarrow.compute as pc
+
     bounds = pc.min_max(data[column]).as_py()
     return bounds["min"], bounds["max"], data[column].null_count > 0
 
@@ -103,6 +104,8 @@ def existing_keys(store: Store, table: str, data: pa.Table) -> pa.Table | None:
 
 def strictly_increasing(column: pa.ChunkedArray) -> bool:
     """Whether every value of ``column`` is greater than the one before it (no nulls, no NaN)."""
+    import pyarrow.compute as pc
+
     kind = column.type
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_temporal(kind)):
         return False  # no order worth proving here: the hash decides

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -188,7 +187,8 @@ class LocalRoot:
         return pq.read_schema(self.path / rel)
 
     def read_table(self, rel: str) -> pa.Table:
-        return pq.read_table(self.path / rel)
+        # one file: pq.read_table would make a dataset of it, and import pyarrow.dataset to
+        return pq.ParquetFile(self.path / rel).read()
 
     def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
         """A FROM clause over ``files`` (DuckDB reads local Parquet itself)."""
@@ -286,7 +286,8 @@ class BucketRoot:
         return pq.read_schema(self.full(rel), filesystem=self.fs)
 
     def read_table(self, rel: str) -> pa.Table:
-        return pq.read_table(self.full(rel), filesystem=self.fs)
+        with self.fs.open_input_file(self.full(rel)) as source:
+            return pq.ParquetFile(source).read()
 
     def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
         """A FROM clause over ``files``: a pyarrow dataset registered with DuckDB.
@@ -295,6 +296,8 @@ class BucketRoot:
         dataset's schema is the table's, so a column older files lack reads as null.
         """
         paths = [self.full(f) for f in files]
+        import pyarrow.dataset as pads
+
         dataset = pads.dataset(paths, filesystem=self.fs, format="parquet", schema=schema)
         con.register(f"_files_{name}", dataset)
         return f"_files_{name}"
