@@ -353,6 +353,8 @@ def analyze(
                 answer = answer_unchanged(looked)
                 if answer is not None:
                     return _answered(con, *answer)
+            if incremental:
+                _import_beside("pyarrow.compute")  # the state's commit needs it
             with incremental_views(
                 con, store, full=full or not incremental, scope=scope, write=incremental, run=looked
             ) as run:
@@ -368,6 +370,32 @@ def analyze(
     _settle(con)
     with materialized(con, ANALYSIS_VIEWS, HELD_SOURCES), records_from_rows(con):
         return _analyze(con)
+
+
+def _import_beside(module: str) -> None:
+    """Import ``module`` on a thread of its own, beside what the caller goes on to do.
+
+    pyarrow.compute takes a tenth of a second to import, most of it Python building its
+    functions, and only the commit of an incremental analysis' state needs it (opening a
+    store does not: ``query`` and ``report`` start without it). The analysis' statements
+    release the GIL while DuckDB runs them, so an import beside them is off the run's
+    critical path; the commit's own import then finds the module there, or waits for it.
+    """
+    import sys
+    import threading
+
+    if module in sys.modules:
+        return
+
+    def load() -> None:
+        import contextlib
+        import importlib
+
+        # a failure here is the caller's own import's to report
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+
+    threading.Thread(target=load, name=f"hybridtrace-import-{module}", daemon=True).start()
 
 
 @contextmanager
