@@ -120,7 +120,7 @@ def test_derived_tables_older_versions_kept_beside_the_connections_go_on_sight(w
 def test_derived_tables_kept_are_the_most_recently_used_of_each_kind(where, monkeypatch):
     import pyarrow as pa
 
-    monkeypatch.setattr(catalog, "DERIVED_KEPT", 4)
+    monkeypatch.setattr(catalog, "KEPT_PER_KIND", 4)
     folder = catalog._derived_directory()
     assert folder == where / "derived"
     stamp = os.path.getmtime(folder) - 3600

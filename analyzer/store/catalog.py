@@ -24,7 +24,7 @@ directory, connections are in memory, as before.
 A folder of it (``derived/``) keeps what opening a store computes from its data (the link
 fits, ``derived_table``), one file per state of the data: a connection on files an earlier
 one read reads the result back instead of computing it again. A scheduled job on a growing
-store leaves one such file per kind and run; the ``DERIVED_KEPT`` of each kind used last
+store leaves one such file per kind and run; the ``KEPT_PER_KIND`` of each kind used last
 stay, and no connection lists them (only a write of one does).
 """
 
@@ -128,9 +128,10 @@ def _remove_all() -> None:
         _remove(path)
 
 
-# Derived tables kept per kind: the most recently used. A scheduled job every five minutes on
-# a growing store writes one link fit a run; a connection looks up only the one of its data.
-DERIVED_KEPT = 64
+# Files kept per kind (templates, each kind of derived table): the most recently used. A
+# scheduled job every five minutes on a growing store writes one link fit a run; a connection
+# looks up only the one of its data.
+KEPT_PER_KIND = 64
 # Where derived tables were kept before they had a folder of their own: removed on sight.
 _FLAT_DERIVED = re.compile(r"(linkfits|repeats)-[0-9a-f]{32}\.arrow")
 
@@ -155,7 +156,7 @@ def _gone(name: str) -> bool:
 
 def _sweep(where: Path) -> None:
     """Remove the connection files (and templates half written) of processes no longer running,
-    and derived tables an older hybridtrace kept beside them (see ``DERIVED_KEPT``)."""
+    and derived tables an older hybridtrace kept beside them (see ``KEPT_PER_KIND``)."""
     with contextlib.suppress(OSError), os.scandir(where) as entries:
         for entry in entries:
             if _gone(entry.name) or _FLAT_DERIVED.fullmatch(entry.name):
@@ -163,21 +164,10 @@ def _sweep(where: Path) -> None:
                     os.unlink(entry.path)
 
 
-def _prune(kept: Path, unused_s: float = 7 * 86400, pattern: str = "catalog-*.duckdb") -> None:
-    """Remove the other files of ``pattern`` (templates of other versions, derived tables of
-    other data) that no connection used for ``unused_s``."""
-    import time
-
-    with contextlib.suppress(OSError):
-        for entry in kept.parent.glob(pattern):
-            if entry != kept and time.time() - entry.stat().st_mtime > unused_s:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-
-
-def _prune_derived(kept: Path, kind: str) -> None:
-    """Keep the ``DERIVED_KEPT`` tables of ``kind`` used last (``kept`` among them), and none
-    unused for a week; remove the files half written by processes that are gone."""
+def _prune(kept: Path, kind: str) -> None:
+    """Keep the ``KEPT_PER_KIND`` files of ``kind`` in ``kept``'s folder used last (``kept``
+    among them: templates of other versions, derived tables of other data), and none unused
+    for a week; remove the files half written by processes that are gone."""
     import time
 
     used: list[tuple[float, str]] = []
@@ -192,7 +182,7 @@ def _prune_derived(kept: Path, kind: str) -> None:
     used.sort(reverse=True)
     week_ago = time.time() - 7 * 86400
     for rank, (mtime, path) in enumerate(used, start=1):
-        if rank >= DERIVED_KEPT or mtime < week_ago:
+        if rank >= KEPT_PER_KIND or mtime < week_ago:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -282,7 +272,7 @@ class CatalogConnection:
             self.con.execute("CHECKPOINT")
             shutil.copyfile(self.path, partial)
             os.replace(partial, self.template)
-            _prune(self.template)
+            _prune(self.template, "catalog")
         except (OSError, duckdb.Error):
             with contextlib.suppress(OSError):
                 partial.unlink()
@@ -364,7 +354,7 @@ def derived_table(
             with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
             os.replace(partial, path)
-            _prune_derived(path, kind)
+            _prune(path, kind)
         except (OSError, pa.ArrowException):
             with contextlib.suppress(OSError):
                 partial.unlink()

@@ -187,7 +187,7 @@ class LocalRoot:
         return pq.read_schema(self.path / rel)
 
     def read_table(self, rel: str) -> pa.Table:
-        # one file: pq.read_table would make a dataset of it, and import pyarrow.dataset to
+        # one file as one file: pq.read_table would build a dataset of it (and import pyarrow.dataset)
         return pq.ParquetFile(self.path / rel).read()
 
     def scan(self, con: duckdb.DuckDBPyConnection, name: str, files: list[str], schema: pa.Schema) -> str:
