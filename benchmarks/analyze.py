@@ -30,6 +30,10 @@ once the store's analysis state exists. Timed, each in a fresh interpreter on th
   which at a few new requests is most of it.
 The first run, ``analyze --full`` writing the state of every batch so far (the job's first
 run on a store), is timed too, against the full analysis.
+With --days N the simulated requests spread over N days instead of the simulator's two
+minutes: a store whose reads fall into as many slow-rank windows, and whose logs and scrapes
+cover as long, as N days of a deployment's give (the simulator scrapes every 15 s and logs
+engine stats every 10 s).
 With --scrape-days N the store also holds N days of one decode engine's Prometheus scrapes
 (every 15 s), and the new object comes with the next five minutes of them: the run computes
 those scrapes' intervals and reads the others' from its state.
@@ -49,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from _measure import run_timed
+from _measure import compile_package, run_timed
 
 
 def main() -> None:
@@ -64,6 +68,12 @@ def main() -> None:
         "--incremental",
         action="store_true",
         help="time analyze after one new object against a full analysis (issue 20)",
+    )
+    parser.add_argument(
+        "--days",
+        type=float,
+        default=0,
+        help="spread the simulated requests over this many days (default: the simulator's two minutes)",
     )
     parser.add_argument(
         "--scrape-days",
@@ -82,7 +92,7 @@ def main() -> None:
         incremental(args)
         return
     root = Path(args.dir)
-    store = root / f"store-{args.requests}"
+    store = root / f"store-{args.requests}{_days_suffix(args.days)}"
     if not (args.keep and (store / "sources").exists()):
         bundle = root / "bundle"
         for stale in (store, bundle):  # the stores of other runs in the folder stay
@@ -92,7 +102,7 @@ def main() -> None:
             "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
             "from hybridtrace.ingest.run import ingest\n"
             f"simulate(SimOptions(requests={args.requests}, prefill_tp=(4,), decode_tp=(4,),"
-            f" inject=parse_inject('all')), {str(bundle)!r})\n"
+            f"{_duration(args.days)} inject=parse_inject('all')), {str(bundle)!r})\n"
             f"ingest([{str(bundle)!r}], {str(store)!r}, progress=False)\n"
         )
         seconds, _, _ = run_timed(setup)
@@ -137,6 +147,7 @@ def main() -> None:
 
 def _timed(code: str) -> tuple[float, str]:
     """Wall seconds of a fresh interpreter running ``code`` (start-up included), its last line."""
+    compile_package()
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     lines = out.stdout.strip().splitlines()
@@ -161,13 +172,26 @@ def _held_back(trace: Path, requests: int) -> list[str]:
     return held
 
 
-def held_back_store(root: Path, requests: int, new_requests: int, keep: bool) -> tuple[Path, Path]:
-    """A store of ``requests`` at TP 4 without the last ``new_requests`` of the decode trace,
-    and those as one new object (a trace part of their own); with ``keep``, those of an
-    earlier run are reused. Returns (store, the new object's file)."""
-    # named by both counts: a kept store is one with the same requests held back
-    store = root / f"store-incremental-{requests}-{new_requests}"
-    new_object = root / f"new-{requests}-{new_requests}" / "decode-0" / "trace.part-new.jsonl"
+def _days_suffix(days: float) -> str:
+    return f"-{days:g}d" if days else ""
+
+
+def _duration(days: float) -> str:
+    """SimOptions' argument spreading the requests over ``days`` (none: its default span)."""
+    return f" duration_s={days * 86_400!r}," if days else ""
+
+
+def held_back_store(
+    root: Path, requests: int, new_requests: int, keep: bool, days: float = 0
+) -> tuple[Path, Path]:
+    """A store of ``requests`` at TP 4 (over ``days``, else the simulator's span) without the
+    last ``new_requests`` of the decode trace, and those as one new object (a trace part of
+    their own); with ``keep``, those of an earlier run are reused. Returns (store, the new
+    object's file)."""
+    # named by the counts and the span: a kept store is one with the same requests held back
+    suffix = f"{requests}-{new_requests}{_days_suffix(days)}"
+    store = root / f"store-incremental-{suffix}"
+    new_object = root / f"new-{suffix}" / "decode-0" / "trace.part-new.jsonl"
     if not (keep and (store / "sources").exists() and new_object.exists()):
         bundle = root / "bundle"
         for stale in (store, new_object.parent.parent, bundle):
@@ -175,7 +199,7 @@ def held_back_store(root: Path, requests: int, new_requests: int, keep: bool) ->
         setup = (
             "from hybridtrace.simulate import SimOptions, parse_inject, simulate\n"
             f"simulate(SimOptions(requests={requests}, prefill_tp=(4,), decode_tp=(4,),"
-            f" inject=parse_inject('all')), {str(bundle)!r})\n"
+            f"{_duration(days)} inject=parse_inject('all')), {str(bundle)!r})\n"
         )
         seconds, _ = _timed(setup)
         held = _held_back(bundle / "decode-0" / "trace.jsonl", new_requests)
@@ -190,7 +214,7 @@ def held_back_store(root: Path, requests: int, new_requests: int, keep: bool) ->
 
 def incremental(args: argparse.Namespace) -> None:
     root = Path(args.dir)
-    store, new_object = held_back_store(root, args.requests, args.new_requests, args.keep)
+    store, new_object = held_back_store(root, args.requests, args.new_requests, args.keep, args.days)
     # timed on a copy, so that a kept store stays without state and without the new object
     work = root / f"work-{args.requests}"
     shutil.rmtree(work, ignore_errors=True)
@@ -260,7 +284,8 @@ def incremental(args: argparse.Namespace) -> None:
     inc_s, inc_n = best["incremental"]
     assert full_n == inc_n, f"the incremental analysis found {inc_n} findings, the full one {full_n}"
     assert nothing is not None and nothing[1] == full_n, "a run with nothing new found other findings"
-    print(f"store             {args.requests:,} requests at TP 4{scraped}; "
+    span = f" over {args.days:g} days" if args.days else ""
+    print(f"store             {args.requests:,} requests at TP 4{span}{scraped}; "
           f"new object: {args.new_requests} requests")
     print(f"start-up          {start:6.2f} s  (open the store, SELECT 1)")
     print(f"full analysis     {full_s:6.2f} s  {full_s - start:6.2f} s beyond start-up  ({full_n} findings)")

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from _measure import compile_package
+
 _WRITER = """
 import sys, time
 from pathlib import Path
@@ -46,6 +48,7 @@ def _simulate(requests: int, out: Path) -> tuple[float, float, int]:
         "/usr/bin/time", "-f", "cpu_s=%U+%S maxrss_kb=%M", sys.executable, "-m", "hybridtrace", "simulate",
         "--out", str(out), "--requests", str(requests), "--inject", "all",
     ]  # fmt: skip
+    compile_package()
     started = time.perf_counter()
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - started

@@ -207,6 +207,9 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
 
     whole = rows(Store(job.store).connect())
     assert whole["_named_trace_events"] and whole["_accounting_totals"]
+    ranked = Store(job.store).connect().sql("SELECT * FROM _rank_windows")
+    whole_windows = sorted(map(repr, ranked.fetchall()))
+    assert any("None" not in row for row in whole_windows)  # windows whose ranks have peers
     # every input counted (rows naming a request and rows naming none: the log's stats lines)
     counted = Store(job.store).connect().sql("SELECT * EXCLUDE (trace_records_dropped) FROM _input_counts")
     assert 0 not in counted.fetchall()[0]
@@ -214,6 +217,10 @@ def test_the_sums_kept_as_changes_equal_the_views_they_stand_for(bundle, tmp_pat
     with incremental_views(con, Store(job.store), full=False, write=False) as run:
         assert not run.full and run.counts["requests"] > 0
         assert rows(con) == whole
+        # the slow-rank windows, each rank's peers' median kept with it: those of every read
+        windows = run.merged_sources.get("_rank_windows", "_rank_windows")
+        merged = sorted(map(repr, con.sql(f"SELECT * FROM {windows}").fetchall()))
+        assert merged == whole_windows
         # the engines the trace covers, as the native rules' intervals leave them out
         traced = "SELECT list(DISTINCT engine_id ORDER BY engine_id) FROM "
         assert con.sql(traced + "_transfer_pairs").fetchall() == Store(job.store).connect().sql(

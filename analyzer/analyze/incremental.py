@@ -83,7 +83,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 9
+STATE_VERSION = 10
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -506,9 +506,10 @@ class IncrementalRun:
             if self.full
             else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
         )
+        # a view: _rank_windows, which the analysis materializes, is its only reader
         con.execute(
             f"""
-            CREATE OR REPLACE TEMP TABLE _merged_windows AS
+            CREATE OR REPLACE TEMP VIEW _merged_windows AS
             SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
             JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
                   WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
@@ -1109,16 +1110,27 @@ SELECT request_id, min(day) AS day FROM (
 # (the HAVING of _rank_windows is applied when they are read: a window only gains reads).
 _SCOPE_WINDOWS = """
 CREATE OR REPLACE TEMP TABLE _scope_window_rows AS
-SELECT t.engine_id, t.rank, floor(t.ts / _t('window_s')) AS window_index, count(*) AS reads,
-       median(t.transported_bytes / t.xfer_s) / 1e9 AS median_gb_s, min(t.day) AS day
-FROM transfers t
-SEMI JOIN _scope_windows w ON w.engine_id = t.engine_id AND w.window_index = floor(t.ts / _t('window_s'))
-WHERE t.status = 'ok' AND t.xfer_s > 0
-  -- the windows' span (a window wider on each side: floor(ts / window_s) rounds), so that
-  -- files and row groups of other times are skipped unread
-  AND t.ts >= (SELECT (min(window_index) - 1) * _t('window_s') FROM _scope_windows)
-  AND t.ts < (SELECT (max(window_index) + 2) * _t('window_s') FROM _scope_windows)
-GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
+WITH per_rank AS (
+    SELECT t.engine_id, t.rank, floor(t.ts / _t('window_s')) AS window_index, count(*) AS reads,
+           median(t.transported_bytes / t.xfer_s) / 1e9 AS median_gb_s, min(t.day) AS day
+    FROM transfers t
+    SEMI JOIN _scope_windows w ON w.engine_id = t.engine_id AND w.window_index = floor(t.ts / _t('window_s'))
+    WHERE t.status = 'ok' AND t.xfer_s > 0
+      -- the windows' span (a window wider on each side: floor(ts / window_s) rounds), so that
+      -- files and row groups of other times are skipped unread
+      AND t.ts >= (SELECT (min(window_index) - 1) * _t('window_s') FROM _scope_windows)
+      AND t.ts < (SELECT (max(window_index) + 2) * _t('window_s') FROM _scope_windows)
+    GROUP BY t.engine_id, t.rank, floor(t.ts / _t('window_s'))
+)
+-- each rank's peers as _rank_windows (findings_engines.sql) takes them: the other ranks of the
+-- window with enough reads; every rank of a window is recomputed together, so this stays true
+-- until the window is recomputed again, and no run compares every window of the store anew
+SELECT a.engine_id, a.rank, a.window_index, a.reads, a.median_gb_s,
+       (SELECT median(b.median_gb_s) FROM per_rank b
+        WHERE b.engine_id = a.engine_id AND b.window_index = a.window_index AND b.rank <> a.rank
+          AND b.reads >= _t('slow_rank_min_reads')) AS peer_median_gb_s,
+       a.day
+FROM per_rank a
 """
 
 # The counts of a relation of rollups (as _scope_rollups has them, with a sign: 1 for the
@@ -1224,14 +1236,8 @@ GROUP BY key HAVING sum(value) <> 0
 """
 
 _RANK_WINDOWS = """
-WITH per_rank AS (
-    SELECT engine_id, rank, window_index AS "window", reads, median_gb_s FROM _merged_windows
-    WHERE reads >= _t('slow_rank_min_reads')
-)
-SELECT a.*, (SELECT median(b.median_gb_s) FROM per_rank b
-             WHERE b.engine_id = a.engine_id AND b."window" = a."window" AND b.rank <> a.rank)
-           AS peer_median_gb_s
-FROM per_rank a
+SELECT engine_id, rank, window_index AS "window", reads, median_gb_s, peer_median_gb_s FROM _merged_windows
+WHERE reads >= _t('slow_rank_min_reads')
 """
 
 
