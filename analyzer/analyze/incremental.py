@@ -1107,7 +1107,8 @@ SELECT request_id, min(day) AS day FROM (
 """
 
 # The per-rank medians of the windows new reads fall into, from every read of those windows
-# (the HAVING of _rank_windows is applied when they are read: a window only gains reads).
+# (a window only gains reads: every rank's row is kept, and the HAVING of _rank_windows is
+# applied when they are read), with each rank's peers' median.
 _SCOPE_WINDOWS = """
 CREATE OR REPLACE TEMP TABLE _scope_window_rows AS
 WITH per_rank AS (
