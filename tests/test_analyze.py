@@ -200,3 +200,44 @@ def test_each_kinds_first_findings_and_counts_come_out_alike_unsorted_and_sorted
     assert counts == sorted((k, s, n) for (k, s), n in pairs.items()) == sorted(result.kind_counts())
     leaks = [{"request_id": r["request_id"], "rank": r["rank"]} for r in rows if r["kind"] == "padding_leak"]
     assert padding == sorted(leaks, key=repr) and padding
+
+
+def test_the_first_findings_are_those_of_the_sort_when_they_tie_on_all_but_their_text():
+    # The first rows are found by the order's terms before the text, and only those that tie
+    # with the last of them are put in order by message and evidence: findings of one engine
+    # (no request, no rank) that differ only in their text, a null message among them.
+    import duckdb
+
+    from hybridtrace.analyze import Analysis
+
+    con = duckdb.connect()
+    rows = [  # kind, severity, engine, rank, request, message, evidence
+        ("native_unexplained", "warning", "decode-0", None, None, "e", "{}"),
+        ("native_unexplained", "warning", "decode-0", None, None, None, "{}"),
+        ("native_unexplained", "warning", "decode-0", None, None, "b", '{"x":2}'),
+        ("native_unexplained", "warning", "decode-0", None, None, "b", '{"x":1}'),
+        ("native_unexplained", "warning", "decode-0", None, None, "d", "{}"),
+        ("native_unexplained", "warning", "decode-1", None, None, "a", "{}"),
+        ("native_unexplained", "warning", "decode-0", 1, None, "a", "{}"),
+        ("padding_undecidable", "info", "decode-0", None, None, "z", "{}"),
+        ("padding_undecidable", "info", "decode-0", None, None, "y", "{}"),
+        ("transfer_failed", "error", "decode-0", 0, "r2", "m", "{}"),
+        ("transfer_failed", "error", "decode-0", 0, "r1", "n", "{}"),
+    ]
+    con.execute("CREATE TABLE every (rule VARCHAR, kind VARCHAR, severity VARCHAR, engine_id VARCHAR, "
+                "rank INTEGER, request_id VARCHAR, remote_engine_id VARCHAR, start_ts DOUBLE, end_ts DOUBLE, "
+                "message VARCHAR, evidence VARCHAR)")  # fmt: skip
+    con.executemany("INSERT INTO every VALUES ('r', ?, ?, ?, ?, ?, NULL, NULL, NULL, ?, ?)", rows)
+
+    def unread(n: int = 0) -> Analysis:
+        name = f"_unread_{n}"
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM every")
+        return Analysis(None, {}, {"findings": len(rows)}, source=(con, name))
+
+    ordered = unread().table.to_pylist()
+    assert [r["message"] for r in ordered][:4] == ["n", "m", "b", "b"]  # errors first; text breaks a tie
+    for limit in range(1, len(rows) + 2):
+        assert unread(limit).rows(limit) == unread(limit).rows()[:limit], limit
+        got = unread(limit).head_of_each_kind(limit).to_pylist()
+        assert got == [r for i, r in enumerate(ordered)
+                       if sum(o["kind"] == r["kind"] for o in ordered[:i]) < limit], limit  # fmt: skip
