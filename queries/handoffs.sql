@@ -2,16 +2,22 @@
 -- transfer against recompute per missing-prefix bucket.
 -- include: _macros
 
+-- _peak_prefill_rate_of(lines): _peak_prefill_rate over the rows of `lines` (a relation named
+-- as text, with the columns engine_id, kind and details of log_events): the incremental
+-- analysis takes the new lines' peaks with it and keeps the others.
+CREATE OR REPLACE MACRO _peak_prefill_rate_of(lines) AS TABLE
+SELECT engine_id,
+       max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) AS tokens_per_s
+FROM query_table(lines)
+WHERE kind = 'engine_stats'
+GROUP BY ALL
+HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) > 0;
+
 -- _peak_prefill_rate: the highest prompt throughput a decode engine logged (tokens/s).
 -- `Engine NNN:` lines average over 10 s, so they measure load, not capacity: the peak is
 -- the best estimate of what the engine can prefill, and it is labelled an estimate.
 CREATE OR REPLACE VIEW _peak_prefill_rate AS
-SELECT engine_id,
-       max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) AS tokens_per_s
-FROM log_events
-WHERE kind = 'engine_stats'
-GROUP BY ALL
-HAVING max(CAST(json_extract(details, '$.avg_prompt_throughput_tokens_s') AS DOUBLE)) > 0;
+SELECT * FROM _peak_prefill_rate_of('log_events');
 
 -- _unusual_reads: the few reads the failure, expiry and staging rules read: those that failed
 -- or expired, and those that staged bytes through host memory. One scan of the reads for all

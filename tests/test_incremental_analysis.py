@@ -588,9 +588,49 @@ def test_only_the_peak_prefill_rate_reads_the_stats_lines_an_incremental_cut_lea
     lines (a month of them would be copied each run), and reads the peak prefill rate the run
     computed over the whole store: that holds while no other view reads those lines."""
     queries = Path(__file__).resolve().parent.parent / "queries"
-    readers = set()
+    readers, callers = set(), set()
     for sql in sorted(queries.glob("*.sql")):
         for statement in re.split(r"CREATE OR REPLACE (?:VIEW|MACRO) ", sql.read_text())[1:]:
             if "engine_stats" in statement:
                 readers.add(statement.split()[0])
-    assert readers == {"_peak_prefill_rate"}
+            if "_peak_prefill_rate_of(" in statement.split("AS", 1)[1]:
+                callers.add(statement.split()[0])
+    # the lines' peak is spelled once (the macro); the view is it over every line
+    assert readers == {"_peak_prefill_rate_of(lines)"}
+    assert callers == {"_peak_prefill_rate"}
+
+
+def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle, tmp_path, monkeypatch):
+    """A run keeps each engine's peak prefill rate: the next adds the new reads' stats lines to
+    it instead of reading every line again. A new vLLM log may rename an engine and move older
+    lines: then every line is read (here the log renames nothing, so the kept peaks, forced,
+    must also give what every line gives)."""
+    from hybridtrace.analyze import incremental
+
+    def peaks_of_every_line() -> dict:
+        con = Store(job.store).connect()
+        return dict(con.sql("SELECT engine_id, tokens_per_s FROM _peak_prefill_rate").fetchall())
+
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 0.5)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    assert json.loads(_last_run(job.store)["peak_prefill_rates"]) == peaks_of_every_line() != {}
+    # the trace alone grows: the kept peaks, no stats line read
+    job.grow(0.6, 0.5)
+    job.ingest()
+    kept = _check(job.store)
+    assert not kept["full_run"] and json.loads(kept["peak_prefill_rates"]) == peaks_of_every_line()
+    # the log grows and one new line beats every peak: read from the new lines beside the kept
+    # peaks (the vLLM log's possible renames set aside), and every line gives the same
+    monkeypatch.setattr(incremental, "_NEW_LOG_READS", "SELECT 0")
+    job.grow(0.6, 1.0)
+    with (job.input / "decode-0" / "vllm.log").open("a") as log:
+        log.write("(APIServer pid=1) INFO 04-21 11:00:10 [loggers.py:236] Engine 000: Avg prompt throughput: "
+                  "98765.5 tokens/s, Avg generation throughput: 120.0 tokens/s, Running: 30 reqs, Waiting: 0 "
+                  "reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%\n")  # fmt: skip
+    job.ingest()
+    added = _check(job.store)
+    peaks = json.loads(added["peak_prefill_rates"])
+    assert not added["full_run"] and peaks == peaks_of_every_line() and 98765.5 in peaks.values()

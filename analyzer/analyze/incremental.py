@@ -83,7 +83,7 @@ RECOMPUTED_RULES = tuple(r.name for r in RULES if r not in STORED_RULES)
 _COLUMNS = ", ".join(FINDING_COLUMN_NAMES)
 # The state's layout: a run finding state of another (an older hybridtrace's) recomputes in
 # full rather than read columns that layout lacked as nulls.
-STATE_VERSION = 10
+STATE_VERSION = 11
 # The views the scope's rules share, computed once each (in this order: each reads the ones
 # before it). Over the whole store, those that save a pass over the reads. Over a scope cut
 # to a few requests every one is small, and what costs is planning: a rule's view is planned
@@ -294,6 +294,8 @@ class IncrementalRun:
     reason: str = ""
     batches: list[str] = field(default_factory=list)
     engines: dict[str, str] = field(default_factory=dict)
+    # each engine's peak prefill rate over every stats line (``_peak_prefill_rates``)
+    peaks: dict[str, float] = field(default_factory=dict)
     thresholds: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
@@ -323,8 +325,8 @@ class IncrementalRun:
         con = self.con
         self.thresholds = _scalar(con, _THRESHOLDS_DIGEST)
         last = con.execute(
-            "SELECT seq, thresholds, engines, state_version, code, result FROM analysis_runs "
-            "ORDER BY seq DESC LIMIT 1"
+            "SELECT seq, thresholds, engines, state_version, code, result, peak_prefill_rates "
+            "FROM analysis_runs ORDER BY seq DESC LIMIT 1"
         ).fetchall()
         self.last = last[0] if last else None
         self.seq = (last[0][0] + 1) if last else 1
@@ -348,7 +350,7 @@ class IncrementalRun:
         # the peak prefill rate once, over the whole store: the digests read it, and so do the
         # scope's rules, whose cut then leaves the stats lines out instead of copying and
         # parsing them all again (a month of one engine's lines: 0.06 s a run)
-        con.execute("CREATE OR REPLACE TEMP TABLE _run_peak_prefill_rate AS SELECT * FROM _peak_prefill_rate")
+        self._peak_prefill_rates()
         self.engines = dict(con.execute(_ENGINE_DIGESTS).fetchall())
         if not self.full:
             if not last:
@@ -380,6 +382,42 @@ class IncrementalRun:
             "requests": _scalar(con, "SELECT count(*) FROM _scope_ids"),
             "windows": _scalar(con, "SELECT count(*) FROM _scope_windows"),
         }
+
+    def _peak_prefill_rates(self) -> None:
+        """``_run_peak_prefill_rate``, and ``peaks`` as the state keeps them.
+
+        A peak is a maximum: the last run's peaks and the new reads' stats lines give the
+        peaks of every line, without reading the month of lines before them again. Unless a
+        new read is a vLLM log: it may name the engine of an instance folder whose older
+        lines were filed under the folder's name, which moves them to another engine. Then,
+        and whenever the last run's state cannot be built on, every line is read."""
+        con, last = self.con, self.last
+        kept = None
+        if not self.full and last is not None and last[3] == STATE_VERSION and last[4] == _code():
+            kept = json.loads(last[6]) if last[6] is not None else None
+        if kept is not None and _scalar(con, _NEW_LOG_READS) == 0:
+            found = con.execute("SELECT source_id FROM _new_sources").fetchall()
+            new_ids = [i for (i,) in found if i is not None]
+            is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
+            # the new lines (a row without a source is new too: two scans, as in _incremental_scope)
+            lines = "SELECT engine_id, kind, details FROM log_events WHERE kind = 'engine_stats' AND "
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _new_stats_lines AS {lines}{is_new} "
+                        f"UNION ALL {lines}source_id IS NULL")  # fmt: skip
+            con.execute(
+                """
+                CREATE OR REPLACE TEMP TABLE _run_peak_prefill_rate AS
+                SELECT engine_id, max(tokens_per_s) AS tokens_per_s FROM (
+                    SELECT unnest($engines::VARCHAR[]) AS engine_id, unnest($rates::DOUBLE[]) AS tokens_per_s
+                    UNION ALL SELECT * FROM _peak_prefill_rate_of('_new_stats_lines')
+                ) GROUP BY engine_id
+                """,
+                {"engines": list(kept), "rates": list(kept.values())},
+            )
+            con.execute("DROP TABLE _new_stats_lines")
+        else:
+            con.execute("CREATE OR REPLACE TEMP TABLE _run_peak_prefill_rate AS "
+                        "SELECT * FROM _peak_prefill_rate")  # fmt: skip
+        self.peaks = dict(con.execute("SELECT * FROM _run_peak_prefill_rate").fetchall())
 
     def _incremental_scope(self, changed: list[str]) -> None:
         con = self.con
@@ -860,6 +898,7 @@ class IncrementalRun:
             "seq": seq, "full_run": self.full, "batches": json.dumps(all_batches),
             "thresholds": self.thresholds,
             "engines": json.dumps(self.engines, sort_keys=True), "requests": self.counts.get("requests", 0),
+            "peak_prefill_rates": json.dumps(self.peaks, sort_keys=True),
             "windows": self.counts.get("windows", 0), "scrapes": self.counts.get("scrapes", 0),
             "ran_at": time.time(), "state_version": STATE_VERSION,
             "code": _code(), "result": result,
@@ -1279,7 +1318,7 @@ def answer_unchanged(run: IncrementalRun) -> tuple[dict, dict, str] | None:
     and ``_merged_findings`` as an analysis of the merged state does (the report reads them)."""
     if run.last is None or run.batches:
         return None
-    seq, thresholds, _, version, code, result = run.last
+    seq, thresholds, _, version, code, result, _ = run.last
     if version != STATE_VERSION or code != _code() or result is None or thresholds != run.thresholds:
         return None
     con = run.con
@@ -1300,6 +1339,11 @@ def _code() -> str:
     return f"{code_key()}/{STATE_VERSION}"
 
 
+# The new reads that are vLLM logs: one may rename an engine (``_peak_prefill_rates``).
+_NEW_LOG_READS = (
+    "SELECT count(*) FROM sources WHERE format = 'vllm_log' "
+    "AND source_id IN (SELECT source_id FROM _new_sources)"
+)
 # The ingest batches some run covered, and the newest full run (0 when none).
 _ANALYZED_BATCHES = (
     "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"
