@@ -296,6 +296,8 @@ class IncrementalRun:
     engines: dict[str, str] = field(default_factory=dict)
     # each engine's peak prefill rate over every stats line (``_peak_prefill_rates``)
     peaks: dict[str, float] = field(default_factory=dict)
+    # the filter of the new batches' rows (``_new_rows``), once it is spelled
+    _is_new: str | None = None
     thresholds: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)  # engines whose inputs to the rules changed
@@ -347,9 +349,9 @@ class IncrementalRun:
         if self.last is _NOT_LOOKED:
             self.look()
         last = [self.last] if self.last is not None else []
-        # the peak prefill rate once, over the whole store: the digests read it, and so do the
-        # scope's rules, whose cut then leaves the stats lines out instead of copying and
-        # parsing them all again (a month of one engine's lines: 0.06 s a run)
+        # the peak prefill rate once, the peak of every line of the store (from the kept peaks
+        # and the new lines): the digests read it, and so do the scope's rules, whose cut then
+        # leaves the stats lines out instead of copying and parsing them all again
         self._peak_prefill_rates()
         self.engines = dict(con.execute(_ENGINE_DIGESTS).fetchall())
         if not self.full:
@@ -396,13 +398,8 @@ class IncrementalRun:
         if not self.full and last is not None and last[3] == STATE_VERSION and last[4] == _code():
             kept = json.loads(last[6]) if last[6] is not None else None
         if kept is not None and _scalar(con, _NEW_LOG_READS) == 0:
-            found = con.execute("SELECT source_id FROM _new_sources").fetchall()
-            new_ids = [i for (i,) in found if i is not None]
-            is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
-            # the new lines (a row without a source is new too: two scans, as in _incremental_scope)
-            lines = "SELECT engine_id, kind, details FROM log_events WHERE kind = 'engine_stats' AND "
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _new_stats_lines AS {lines}{is_new} "
-                        f"UNION ALL {lines}source_id IS NULL")  # fmt: skip
+            lines = self._new_rows("log_events", "engine_id, kind, details", "kind = 'engine_stats'")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _new_stats_lines AS SELECT * FROM {lines}")
             con.execute(
                 """
                 CREATE OR REPLACE TEMP TABLE _run_peak_prefill_rate AS
@@ -419,24 +416,29 @@ class IncrementalRun:
                         "SELECT * FROM _peak_prefill_rate")  # fmt: skip
         self.peaks = dict(con.execute("SELECT * FROM _run_peak_prefill_rate").fetchall())
 
+    def _new_rows(self, table: str, columns: str, where: str = "") -> str:
+        """SQL of the rows of ``table`` (``columns`` of those that meet ``where``) that the new
+        batches wrote: a row is new when its read (its sources row, which ingest commits in the
+        same batch) is, and a row without a source is new too."""
+        if self._is_new is None:
+            # a short list is spelled out, so that the Parquet scans skip, by their source_id
+            # statistics, every row group of an older read
+            found = self.con.execute("SELECT source_id FROM _new_sources").fetchall()
+            new_ids = [i for (i,) in found if i is not None]
+            self._is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
+        # two scans, not one filter with OR: a list under an OR is compared item by item on
+        # every row (a thousand items made a scan of a million requests' reads take seconds),
+        # while a list alone, and IS NULL alone, reach the Parquet reader (which skips the row
+        # groups with no null)
+        also = f"({where}) AND " if where else ""
+        return (
+            f"(SELECT {columns} FROM {table} WHERE {also}{self._is_new} "
+            f"UNION ALL SELECT {columns} FROM {table} WHERE {also}source_id IS NULL)"
+        )
+
     def _incremental_scope(self, changed: list[str]) -> None:
         con = self.con
-        # a row is new when its read (its sources row, which ingest commits in the same batch)
-        # is; a short list is spelled out, so that the Parquet scans skip, by their source_id
-        # statistics, every row group of an older read
-        found = con.execute("SELECT source_id FROM _new_sources").fetchall()
-        new_ids = [i for (i,) in found if i is not None]
-        is_new = f"source_id IN {_listed(new_ids, '_new_sources', 'source_id')}"
-
-        def new(table: str, columns: str) -> str:
-            # a row without a source is new too; two scans, not one filter with OR: a list
-            # under an OR is compared item by item on every row (a thousand items made a scan
-            # of a million requests' reads take seconds), while a list alone, and IS NULL
-            # alone, reach the Parquet reader (which skips the row groups with no null)
-            return (
-                f"(SELECT {columns} FROM {table} WHERE {is_new} "
-                f"UNION ALL SELECT {columns} FROM {table} WHERE source_id IS NULL)"
-            )
+        new = self._new_rows
         con.execute("CREATE OR REPLACE TEMP TABLE _changed_engines (engine_id VARCHAR)")
         if changed:
             con.executemany("INSERT INTO _changed_engines VALUES (?)", [(e,) for e in changed])
