@@ -826,6 +826,9 @@ class IncrementalRun:
                                         "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
             # the scrapes' intervals from the state, not from every sample of the store
             "_prom_scrape_intervals": REPORT_STATE_VIEWS["_prom_scrape_intervals"],
+            # the peaks plan() kept, not every stats line of the store parsed again (the
+            # handoffs judged by the fitted link estimate their prefill from them)
+            "_peak_prefill_rate": "SELECT * FROM _run_peak_prefill_rate",
         }  # fmt: skip
         # _config_pairs reads of the reads and the records only the engine pairs they name:
         # those come from the counts, not from every read and record
@@ -841,7 +844,8 @@ class IncrementalRun:
         try:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
-            with swapped_views(con, {"_untimed_handoffs": untimed}):
+            peaks = {"_peak_prefill_rate": replacements["_peak_prefill_rate"]}
+            with swapped_views(con, {**peaks, "_untimed_handoffs": untimed}):
                 # once, for the findings and for recompute_cheaper's inputs
                 con.execute("CREATE OR REPLACE TEMP TABLE _fitted_now AS SELECT * FROM _fitted_handoffs")
                 fitted = {"_fitted_handoffs": "SELECT * FROM _fitted_now"}
