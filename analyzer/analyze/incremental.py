@@ -546,14 +546,18 @@ class IncrementalRun:
             if self.full
             else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
         )
-        # a view: _rank_windows, which the analysis materializes, is its only reader
+        # a view: _rank_windows, which the analysis materializes, is its only reader. A window's
+        # rows are those of the last run that computed it: the full run's, unless a later run
+        # recomputed the window. The later runs' windows are few (their files are found by
+        # their seq statistics), so they are grouped, not every window of the store (half the
+        # time over a week's windows)
         con.execute(
             f"""
             CREATE OR REPLACE TEMP VIEW _merged_windows AS
             SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
-            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
-                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
-            WHERE {window_keep}
+            LEFT JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                       WHERE seq > {full_seq} GROUP BY ALL) l USING (engine_id, window_index)
+            WHERE w.seq >= {full_seq} AND (l.seq IS NULL OR w.seq >= l.seq) AND {window_keep}
             UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
             """
         )
