@@ -617,8 +617,9 @@ def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle
     job.ingest()
     assert _check(job.store)["full_run"]
     assert json.loads(_last_run(job.store)["peak_prefill_rates"]) == peaks_of_every_line() != {}
-    # the trace alone grows: the kept peaks, no stats line read
-    job.grow(0.6, 0.5)
+    # the trace alone grows (the log left as it was: a log written again is read again): the
+    # kept peaks, no stats line read
+    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
     job.ingest()
     kept = _check(job.store)
     assert not kept["full_run"] and json.loads(kept["peak_prefill_rates"]) == peaks_of_every_line()
@@ -634,3 +635,28 @@ def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle
     added = _check(job.store)
     peaks = json.loads(added["peak_prefill_rates"])
     assert not added["full_run"] and peaks == peaks_of_every_line() and 98765.5 in peaks.values()
+
+
+def test_a_run_whose_new_object_is_trace_only_reads_no_stats_line(bundle, tmp_path):
+    """The peaks the state keeps stand in for every stats line wherever an incremental run
+    reads a peak prefill rate: in its scope and in the analysis of the merged state (the
+    handoffs judged by the fitted link estimate their prefill from it). A week of lines would
+    otherwise be parsed again each run. Here reading the view over every line fails the run."""
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    # more of the trace, the log left as it was (a log written again would be read again)
+    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
+    job.ingest()
+    con = Store(job.store).connect()
+    con.execute(
+        "CREATE OR REPLACE VIEW _peak_prefill_rate AS SELECT engine_id, "
+        "CAST(error('every stats line read again: ' || details) AS DOUBLE) AS tokens_per_s "
+        "FROM log_events WHERE kind = 'engine_stats'"
+    )
+    incremental = analyze(con, incremental=True)
+    assert not _last_run(job.store)["full_run"]
+    assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
+    assert incremental.summary["rules"]["recompute_cheaper"]["inputs"] > 0
