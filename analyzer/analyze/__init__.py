@@ -85,7 +85,7 @@ HELD_SOURCES = {
 # columns only. The log lines' hashes, processes, sources and percentiles are for the report
 # (which materializes the whole view, SHARED_VIEWS), and copying them cost more than the
 # window that gives each log interval its start (a week of one engine's intervals: 180 ms,
-# against 60 for these). A rule that reads another column fails to bind in every test.
+# against 80 for these). A rule that reads another column fails to bind in every test.
 _RULE_INTERVALS = (
     "(SELECT engine_id, source_kind, start_ts, end_ts, transfers, transported_bytes, avg_mib_per_transfer, "
     "failed_transfers, expired_requests FROM intervals)"
