@@ -660,3 +660,35 @@ def test_a_run_whose_new_object_is_trace_only_reads_no_stats_line(bundle, tmp_pa
     assert not _last_run(job.store)["full_run"]
     assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
     assert incremental.summary["rules"]["recompute_cheaper"]["inputs"] > 0
+
+
+def test_a_log_that_names_its_engine_later_moves_its_peak_to_that_engine(bundle, tmp_path):
+    """A log read before its `Initializing NIXL worker` line files its stats lines under its
+    folder's name; once a later read names the engine, those lines are that engine's. The
+    peaks kept in the state are keyed by the old name then: a new vLLM log makes the run read
+    every line again, and the engine's peak is the moved line's."""
+
+    def peaks_of_every_line() -> dict:
+        con = Store(job.store).connect()
+        return dict(con.sql("SELECT engine_id, tokens_per_s FROM _peak_prefill_rate").fetchall())
+
+    stats = ("(APIServer pid=1) INFO 04-21 10:00:10 [loggers.py:236] Engine 000: Avg prompt throughput: "
+             "99999.5 tokens/s, Avg generation throughput: 120.0 tokens/s, Running: 30 reqs, Waiting: 0 "
+             "reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%\n")  # fmt: skip
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 1.0)
+    log = job.input / "host-a" / "vllm.log"
+    log.parent.mkdir()
+    log.write_text(stats)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    assert peaks_of_every_line()["host-a"] == 99999.5
+    with log.open("a") as handle:
+        handle.write("(Worker_TP0 pid=305) INFO 04-21 10:00:20 [worker.py:100] "
+                     "Initializing NIXL worker decode-0\n")
+    job.ingest()
+    moved = _check(job.store)
+    assert not moved["full_run"]
+    peaks = json.loads(moved["peak_prefill_rates"])
+    assert peaks == peaks_of_every_line() and peaks["decode-0"] == 99999.5 and "host-a" not in peaks
