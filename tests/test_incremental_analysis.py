@@ -617,8 +617,9 @@ def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle
     job.ingest()
     assert _check(job.store)["full_run"]
     assert json.loads(_last_run(job.store)["peak_prefill_rates"]) == peaks_of_every_line() != {}
-    # the trace alone grows: the kept peaks, no stats line read
-    job.grow(0.6, 0.5)
+    # the trace alone grows (the log left as it was: a log written again is read again): the
+    # kept peaks, no stats line read
+    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
     job.ingest()
     kept = _check(job.store)
     assert not kept["full_run"] and json.loads(kept["peak_prefill_rates"]) == peaks_of_every_line()
@@ -634,3 +635,60 @@ def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle
     added = _check(job.store)
     peaks = json.loads(added["peak_prefill_rates"])
     assert not added["full_run"] and peaks == peaks_of_every_line() and 98765.5 in peaks.values()
+
+
+def test_a_run_whose_new_object_is_trace_only_reads_no_stats_line(bundle, tmp_path):
+    """The peaks the state keeps stand in for every stats line wherever an incremental run
+    reads a peak prefill rate: in its scope and in the analysis of the merged state (the
+    handoffs judged by the fitted link estimate their prefill from it). A week of lines would
+    otherwise be parsed again each run. Here reading the view over every line fails the run."""
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 1.0)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    # more of the trace, the log left as it was (a log written again would be read again)
+    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
+    job.ingest()
+    con = Store(job.store).connect()
+    con.execute(
+        "CREATE OR REPLACE VIEW _peak_prefill_rate AS SELECT engine_id, "
+        "CAST(error('every stats line read again: ' || details) AS DOUBLE) AS tokens_per_s "
+        "FROM log_events WHERE kind = 'engine_stats'"
+    )
+    incremental = analyze(con, incremental=True)
+    assert not _last_run(job.store)["full_run"]
+    assert _as_text(incremental) == _as_text(analyze(Store(job.store).connect()))
+    assert incremental.summary["rules"]["recompute_cheaper"]["inputs"] > 0
+
+
+def test_a_log_that_names_its_engine_later_moves_its_peak_to_that_engine(bundle, tmp_path):
+    """A log read before its `Initializing NIXL worker` line files its stats lines under its
+    folder's name; once a later read names the engine, those lines are that engine's. The
+    peaks kept in the state are keyed by the old name then: a new vLLM log makes the run read
+    every line again, and the engine's peak is the moved line's."""
+
+    def peaks_of_every_line() -> dict:
+        con = Store(job.store).connect()
+        return dict(con.sql("SELECT engine_id, tokens_per_s FROM _peak_prefill_rate").fetchall())
+
+    stats = ("(APIServer pid=1) INFO 04-21 10:00:10 [loggers.py:236] Engine 000: Avg prompt throughput: "
+             "99999.5 tokens/s, Avg generation throughput: 120.0 tokens/s, Running: 30 reqs, Waiting: 0 "
+             "reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%\n")  # fmt: skip
+    job = Growing(bundle, tmp_path)
+    job.add("models")
+    job.grow(0.5, 1.0)
+    log = job.input / "host-a" / "vllm.log"
+    log.parent.mkdir()
+    log.write_text(stats)
+    job.ingest()
+    assert _check(job.store)["full_run"]
+    assert peaks_of_every_line()["host-a"] == 99999.5
+    with log.open("a") as handle:
+        handle.write("(Worker_TP0 pid=305) INFO 04-21 10:00:20 [worker.py:100] "
+                     "Initializing NIXL worker decode-0\n")
+    job.ingest()
+    moved = _check(job.store)
+    assert not moved["full_run"]
+    peaks = json.loads(moved["peak_prefill_rates"])
+    assert peaks == peaks_of_every_line() and peaks["decode-0"] == 99999.5 and "host-a" not in peaks

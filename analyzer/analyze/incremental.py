@@ -335,7 +335,7 @@ class IncrementalRun:
         self.stale_result = bool(last) and (last[0][4] != _code() or last[0][5] is None)
         con.execute(
             # whether a read wrote Prometheus samples (a store's older rows may not say: then it may)
-            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id, "
+            "CREATE OR REPLACE TEMP TABLE _new_sources AS SELECT source_id, batch_id, format, "
             "coalesce(TRY_CAST(json_extract(rows, '$.prom_samples') AS BIGINT) > 0, rows IS NULL) AS scraped "
             "FROM sources "
             f"WHERE batch_id NOT IN (SELECT DISTINCT * FROM ({_ANALYZED_BATCHES}))"
@@ -546,14 +546,18 @@ class IncrementalRun:
             if self.full
             else ("(engine_id, window_index) NOT IN (SELECT (engine_id, window_index) FROM _scope_windows)")
         )
-        # a view: _rank_windows, which the analysis materializes, is its only reader
+        # a view: _rank_windows, which the analysis materializes, is its only reader. A window's
+        # rows are those of the last run that computed it: the full run's, unless a later run
+        # recomputed the window. The later runs' windows are few (their files are found by
+        # their seq statistics), so they are grouped, not every window of the store (half the
+        # time over a week's windows)
         con.execute(
             f"""
             CREATE OR REPLACE TEMP VIEW _merged_windows AS
             SELECT w.* EXCLUDE (seq, day) FROM analysis_rank_windows w
-            JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
-                  WHERE seq >= {full_seq} GROUP BY ALL) v USING (engine_id, window_index, seq)
-            WHERE {window_keep}
+            LEFT JOIN (SELECT engine_id, window_index, max(seq) AS seq FROM analysis_rank_windows
+                       WHERE seq > {full_seq} GROUP BY ALL) l USING (engine_id, window_index)
+            WHERE w.seq >= {full_seq} AND (l.seq IS NULL OR w.seq >= l.seq) AND {window_keep}
             UNION ALL BY NAME SELECT * EXCLUDE (day) FROM _scope_window_rows
             """
         )
@@ -826,6 +830,9 @@ class IncrementalRun:
                                         "coalesce(list(DISTINCT engine_id), []) FROM _transfer_pairs))",
             # the scrapes' intervals from the state, not from every sample of the store
             "_prom_scrape_intervals": REPORT_STATE_VIEWS["_prom_scrape_intervals"],
+            # the peaks plan() kept, not every stats line of the store parsed again (the
+            # handoffs judged by the fitted link estimate their prefill from them)
+            "_peak_prefill_rate": "SELECT * FROM _run_peak_prefill_rate",
         }  # fmt: skip
         # _config_pairs reads of the reads and the records only the engine pairs they name:
         # those come from the counts, not from every read and record
@@ -841,7 +848,8 @@ class IncrementalRun:
         try:
             # the kept untimed handoffs, judged by the fits of now, beside the kept findings (a
             # view is bound when it is made: these come first, the views that read them after)
-            with swapped_views(con, {"_untimed_handoffs": untimed}):
+            peaks = {"_peak_prefill_rate": replacements["_peak_prefill_rate"]}
+            with swapped_views(con, {**peaks, "_untimed_handoffs": untimed}):
                 # once, for the findings and for recompute_cheaper's inputs
                 con.execute("CREATE OR REPLACE TEMP TABLE _fitted_now AS SELECT * FROM _fitted_handoffs")
                 fitted = {"_fitted_handoffs": "SELECT * FROM _fitted_now"}
@@ -1341,11 +1349,9 @@ def _code() -> str:
     return f"{code_key()}/{STATE_VERSION}"
 
 
-# The new reads that are vLLM logs: one may rename an engine (``_peak_prefill_rates``).
-_NEW_LOG_READS = (
-    "SELECT count(*) FROM sources WHERE format = 'vllm_log' "
-    "AND source_id IN (SELECT source_id FROM _new_sources)"
-)
+# The new reads that are vLLM logs: one may rename an engine (``_peak_prefill_rates``). Of
+# the new reads ``look`` kept, not of the manifest again (a week of reads: 40,000 rows).
+_NEW_LOG_READS = "SELECT count(*) FROM _new_sources WHERE format = 'vllm_log' AND source_id IS NOT NULL"
 # The ingest batches some run covered, and the newest full run (0 when none).
 _ANALYZED_BATCHES = (
     "SELECT unnest(CAST(json_extract_string(batches, '$[*]') AS VARCHAR[])) AS batch_id FROM analysis_runs"

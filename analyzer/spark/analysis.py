@@ -181,7 +181,8 @@ def plan_parts(run: IncrementalRun, tasks: int) -> tuple[Shared, list[Part]]:
         files={name: files for name, files in listing.items() if name not in PARTITIONED},
         engine_models=_ipc(_arrow(con, "SELECT * FROM engine_models")),
         link_fits=_ipc(_arrow(con, "SELECT * FROM _link_fits")),
-        peak_prefill=_ipc(_arrow(con, "SELECT * FROM _peak_prefill_rate")),
+        # the run's peaks (plan kept them: from the state and the new lines, not every line)
+        peak_prefill=_ipc(_arrow(con, "SELECT * FROM _run_peak_prefill_rate")),
     )
     _groups(con)
     # per group: its ids (of the scope), the folders they have rows in, its home

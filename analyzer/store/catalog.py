@@ -309,9 +309,13 @@ def _derived_path(
         "ORDER BY view_name",
         [[*state, "sources"]],
     ).fetchall()
+    # The rows as a multiset: their count, and the sum and the exclusive or of each row's
+    # 64-bit hash. The text of every row sorted and hashed cost 0.4 s of each open of a store
+    # of a week's reads (40,000 rows), this 30 ms (DuckDB's hash is fixed for its version,
+    # which _key holds).
     manifest = con.execute(
-        "SELECT md5(coalesce(string_agg(row, chr(10) ORDER BY row), '')) "
-        "FROM (SELECT CAST(s AS VARCHAR) AS row FROM sources s)"
+        "SELECT count(*) || ' ' || coalesce(sum(CAST(hash(s) AS HUGEINT)), 0) || ' ' "
+        "|| coalesce(bit_xor(hash(s)), 0) FROM sources s"
     ).fetchall()[0][0]
     digest = hashlib.sha256(f"{_key()}\0{code}\0{manifest}".encode())
     for name, sql in views:
