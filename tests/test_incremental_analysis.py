@@ -39,10 +39,14 @@ class Growing:
 
     def grow(self, trace_share: float, log_share: float) -> None:
         """The decode trace and log as far as ``share`` of their lines (whole lines: both only grow)."""
-        (self.input / "decode-0" / "trace.jsonl").write_text(
-            "".join(self.trace[: int(len(self.trace) * trace_share)])
-        )
+        self.grow_trace(trace_share)
         (self.input / "decode-0" / "vllm.log").write_text("".join(self.log[: int(len(self.log) * log_share)]))
+
+    def grow_trace(self, share: float) -> None:
+        """The decode trace alone as far as ``share`` of its lines; the log left as it is (a
+        log written again, even with the same lines, is a new read of it)."""
+        lines = self.trace[: int(len(self.trace) * share)]
+        (self.input / "decode-0" / "trace.jsonl").write_text("".join(lines))
 
     def add(self, *names: str) -> None:
         for name in names:
@@ -617,9 +621,8 @@ def test_the_peak_prefill_rates_kept_in_the_state_are_those_of_every_line(bundle
     job.ingest()
     assert _check(job.store)["full_run"]
     assert json.loads(_last_run(job.store)["peak_prefill_rates"]) == peaks_of_every_line() != {}
-    # the trace alone grows (the log left as it was: a log written again is read again): the
-    # kept peaks, no stats line read
-    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
+    # the trace alone grows: the kept peaks, no stats line read
+    job.grow_trace(0.6)
     job.ingest()
     kept = _check(job.store)
     assert not kept["full_run"] and json.loads(kept["peak_prefill_rates"]) == peaks_of_every_line()
@@ -647,8 +650,7 @@ def test_a_run_whose_new_object_is_trace_only_reads_no_stats_line(bundle, tmp_pa
     job.grow(0.5, 1.0)
     job.ingest()
     assert _check(job.store)["full_run"]
-    # more of the trace, the log left as it was (a log written again would be read again)
-    (job.input / "decode-0" / "trace.jsonl").write_text("".join(job.trace[: int(len(job.trace) * 0.6)]))
+    job.grow_trace(0.6)
     job.ingest()
     con = Store(job.store).connect()
     con.execute(
